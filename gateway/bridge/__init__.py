@@ -1,0 +1,1 @@
+"""Stream bridges: the contract (base), its backends (memory, redis) and the provider."""

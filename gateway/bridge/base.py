@@ -1,0 +1,96 @@
+"""The stream bridge contract: what every backend (memory, Redis) provides.
+
+A run is an append-only log with one leased producer. Writers `claim` a run and present
+the token on every write; readers `subscribe` with an optional cursor and receive
+`StreamEvent`s, then exactly one terminal item (`End` or `StreamGap`), with `HEARTBEAT`
+whenever they sat idle for the heartbeat interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ..values import Claim, EndResult, EndStatus, LeaseState, PublishResult, RunInfo, StreamItem
+
+
+@runtime_checkable
+class StreamBridge(Protocol):
+    async def claim(
+        self,
+        run_id: str,
+        *,
+        session_id: str | None = None,
+        lease_seconds: float | None = None,
+        takeover: bool = False,
+    ) -> Claim:
+        """Take the producer lease of a run, creating its record when new.
+
+        A run whose lease expired is taken over with `epoch + 1`; `takeover=True` also
+        takes a live lease (fencing its holder). Raises RunOwned, StreamEnded.
+        """
+        ...
+
+    async def renew_lease(
+        self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
+    ) -> LeaseState:
+        """Extend the lease without writing. Raises ProducerFenced, StreamEnded."""
+        ...
+
+    async def publish(
+        self, run_id: str, event: str, data: Any, *, producer_token: str
+    ) -> PublishResult:
+        """Append one event. Raises ProducerFenced, StreamEnded."""
+        ...
+
+    async def publish_many(
+        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+    ) -> PublishResult:
+        """Append a batch atomically in one round trip. Raises ProducerFenced, StreamEnded."""
+        ...
+
+    async def publish_end(
+        self,
+        run_id: str,
+        status: EndStatus,
+        error: Any = None,
+        *,
+        producer_token: str | None,
+    ) -> EndResult:
+        """Append the END entry; idempotent when the log already ends.
+
+        `producer_token=None` is the unowned recovery END: it succeeds only when the
+        lease has expired, and on a missing stream it is a no-op that creates nothing.
+        """
+        ...
+
+    def subscribe(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        """Replay from the cursor, then follow live, per the cursor rules (PROTOCOL 2.2)."""
+        ...
+
+    async def request_cancel(self, run_id: str) -> bool:
+        """Flag the run for cancellation; False when the run is unknown."""
+        ...
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        """The run record, or None when the run is unknown."""
+        ...
+
+    async def stream_exists(self, run_id: str) -> bool: ...
+
+    async def cleanup(self, run_id: str, delay: float = 0) -> None:
+        """Remove the retained log (after `delay` seconds); readers get a gap or END."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise BackendUnavailable when the backend cannot be reached."""
+        ...
+
+    async def close(self) -> None:
+        """Wake every reader (unfinished ones get a `bridge_closed` gap) and release I/O."""
+        ...

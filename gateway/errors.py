@@ -1,0 +1,52 @@
+"""The gateway's exception tree. The HTTP layer translates it to responses in one place.
+
+    GatewayError
+    ├── InvalidInput            bad run id, event name, status, cursor, payload (4xx)
+    │   └── PayloadTooLarge     an event or batch over the configured limits
+    ├── RunNotFound             no record of the run
+    ├── ProducerFenced          stale/wrong producer token or expired lease
+    ├── RunOwned                claim refused: a live lease is held elsewhere
+    ├── StreamEnded             write after END (or claim of an ended run)
+    ├── BridgeClosed            the bridge was closed
+    └── BackendUnavailable      Redis unreachable or failing
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+    code = "gateway_error"
+
+
+class InvalidInput(GatewayError, ValueError):
+    code = "invalid_input"
+
+
+class PayloadTooLarge(InvalidInput):
+    code = "too_large"
+
+
+class RunNotFound(GatewayError):
+    code = "run_not_found"
+
+
+class ProducerFenced(GatewayError):
+    code = "fenced"
+
+
+class RunOwned(GatewayError):
+    code = "run_owned"
+
+
+class StreamEnded(GatewayError):
+    code = "ended"
+
+
+class BridgeClosed(GatewayError):
+    code = "bridge_closed"
+
+
+class BackendUnavailable(GatewayError):
+    code = "backend_unavailable"

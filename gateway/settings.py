@@ -1,0 +1,82 @@
+"""The one frozen settings object, built at the edge from env (`GATEWAY_*`) and CLI flags.
+
+Nothing else in the package reads the environment: `Settings` is passed down explicitly.
+Every setting is startup-only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _env(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", frozen=True, populate_by_name=True, extra="forbid"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    redis_url: str | None = None
+    redis_key_prefix: str = "gw:"
+    redis_max_connections: int = Field(64, ge=2)
+
+    max_events_per_run: int = Field(10_000, ge=1)
+    stream_ttl_seconds: float = Field(
+        86_400, gt=0, validation_alias=_env("stream_ttl_seconds", "GATEWAY_STREAM_TTL")
+    )
+    ended_ttl_seconds: float = Field(
+        3_600, gt=0, validation_alias=_env("ended_ttl_seconds", "GATEWAY_ENDED_TTL")
+    )
+    heartbeat_interval_seconds: float = Field(
+        15.0,
+        gt=0,
+        validation_alias=_env(
+            "heartbeat_interval_seconds",
+            "GATEWAY_HEARTBEAT_INTERVAL",
+            "GATEWAY_HEARTBEAT_INTERVAL_SECONDS",
+        ),
+    )
+    lease_seconds: float = Field(30.0, gt=0)
+    max_lease_seconds: float = Field(3_600.0, gt=0)
+    legacy_end_scan_enabled: bool = Field(
+        True,
+        validation_alias=_env(
+            "legacy_end_scan_enabled", "GATEWAY_LEGACY_END_SCAN", "GATEWAY_LEGACY_END_SCAN_ENABLED"
+        ),
+    )
+
+    api_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), validation_alias=_env("api_keys", "GATEWAY_API_KEY", "GATEWAY_API_KEYS")
+    )
+    jwt_secret: str | None = None
+    allow_open_nonloopback: bool = False
+
+    max_event_bytes: int = Field(1_048_576, ge=64)
+    max_body_bytes: int = Field(4_194_304, ge=64)
+    max_batch_events: int = Field(1_000, ge=1)
+
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(k.strip() for k in value.split(",") if k.strip())
+        return value
+
+    @field_validator(
+        "stream_ttl_seconds", "ended_ttl_seconds", "heartbeat_interval_seconds", "lease_seconds"
+    )
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value

@@ -1,0 +1,125 @@
+"""Value types shared by every layer: what a subscription yields and what writes return.
+
+This is a leaf module: it imports nothing from the package, and everything may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias, get_args
+
+import orjson
+
+EndStatus: TypeAlias = Literal["success", "error", "cancelled", "interrupted", "producer_lost"]
+END_STATUSES: Final[frozenset[str]] = frozenset(get_args(EndStatus))
+
+GapReason: TypeAlias = Literal["trimmed", "stream_removed", "bridge_closed"]
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact JSON, the one encoding used for payloads on the wire and in Redis."""
+    return orjson.dumps(value)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event of a run log. `data` is the compact JSON encoded once at publish."""
+
+    id: str
+    event: str
+    data: bytes
+
+    def value(self) -> Any:
+        """The decoded JSON payload (a fresh object on every call)."""
+        return orjson.loads(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamGap:
+    """The reader's position is no longer retained; the subscription ends after this.
+
+    Bounds are the retained ids when the gap was detected, both None when nothing is.
+    """
+
+    requested_event_id: str | None
+    earliest_available_event_id: str | None
+    latest_available_event_id: str | None
+    reason: GapReason
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The terminal entry of a run log; the subscription ends after this."""
+
+    status: EndStatus
+    error: Any = None
+    id: str | None = None
+
+
+class Heartbeat:
+    """Yielded after `heartbeat_interval` idle seconds; carries nothing."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "HEARTBEAT"
+
+
+HEARTBEAT: Final = Heartbeat()
+
+StreamItem: TypeAlias = StreamEvent | StreamGap | Heartbeat | End
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A producer lease: present `token` on every write; `epoch` grows with each takeover."""
+
+    run_id: str
+    session_id: str | None
+    token: str
+    epoch: int
+    lease_expires_at: float  # unix seconds
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    ids: tuple[str, ...]
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    id: str | None  # None only for a recovery END that found no stream (a no-op)
+    deduplicated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    lease_expires_at: float
+    cancel_requested: bool
+
+
+RunStatus: TypeAlias = Literal["running"] | EndStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """The run record: what `GET /v1/runs/{id}` reports. Times are unix seconds."""
+
+    run_id: str
+    session_id: str | None
+    status: RunStatus
+    created_at: float
+    updated_at: float
+    first_event_id: str | None
+    last_event_id: str | None
+    retained_events: int
+    cancel_requested: bool
+    epoch: int
+    lease_expires_at: float
+    log_exists: bool
+    error: Any = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status != "running"
