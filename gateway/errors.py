@@ -8,7 +8,10 @@
     ├── RunOwned                claim refused: a live lease is held elsewhere
     ├── StreamEnded             write after END (or claim of an ended run)
     ├── BridgeClosed            the bridge was closed
-    └── BackendUnavailable      Redis unreachable or failing
+    ├── BackendUnavailable      Redis unreachable or failing
+    ├── Unauthorized            missing or invalid credentials (401)
+    │   └── TokenExpired        a subscriber token past its `exp` (401)
+    └── Forbidden               valid credentials that do not cover this run/session (403)
 """
 
 from __future__ import annotations
@@ -50,3 +53,15 @@ class BridgeClosed(GatewayError):
 
 class BackendUnavailable(GatewayError):
     code = "backend_unavailable"
+
+
+class Unauthorized(GatewayError):
+    code = "unauthorized"
+
+
+class TokenExpired(Unauthorized):
+    code = "token_expired"
+
+
+class Forbidden(GatewayError):
+    code = "forbidden"
