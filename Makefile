@@ -11,7 +11,7 @@ run:
 	scripts/serve
 
 lint: bootstrap
-	$(VENV)/ruff check gateway tests bench
+	$(VENV)/ruff check $(wildcard gateway tests bench)
 
 types: bootstrap
 	$(VENV)/mypy gateway
