@@ -7,6 +7,7 @@
     ├── ProducerFenced          stale/wrong producer token or expired lease
     ├── RunOwned                claim refused: a live lease is held elsewhere
     ├── StreamEnded             write after END (or claim of an ended run)
+    ├── SessionActive           clear (retire=false) refused: a turn is still running (409)
     ├── BridgeClosed            the bridge was closed
     ├── BackendUnavailable      Redis unreachable or failing
     ├── Unauthorized            missing or invalid credentials (401)
@@ -45,6 +46,10 @@ class RunOwned(GatewayError):
 
 class StreamEnded(GatewayError):
     code = "ended"
+
+
+class SessionActive(GatewayError):
+    code = "session_active"
 
 
 class BridgeClosed(GatewayError):
