@@ -16,8 +16,14 @@ END_STATUSES: Final[frozenset[str]] = frozenset(get_args(EndStatus))
 GapReason: TypeAlias = Literal["trimmed", "stream_removed", "bridge_closed"]
 
 
+class RawJSON(bytes):
+    """Payload bytes the caller already encoded as compact JSON: published as they are."""
+
+
 def encode_json(value: Any) -> bytes:
     """Compact JSON, the one encoding used for payloads on the wire and in Redis."""
+    if isinstance(value, RawJSON):
+        return bytes(value)
     return orjson.dumps(value)
 
 

@@ -1,0 +1,32 @@
+"""Builds the stream bridge the settings ask for, and tears it down whatever happens.
+
+Sits above the backends: `redis_url` unset → the embedded memory bridge; `redis://…`
+→ one Redis; `redis+cluster://…` → Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+
+from ..settings import Settings
+from .base import StreamBridge
+from .memory import MemoryStreamBridge
+from .redis import RedisStreamBridge
+
+
+@asynccontextmanager
+async def open_bridge(settings: Settings) -> AsyncIterator[StreamBridge]:
+    bridge: StreamBridge
+    if settings.redis_url is None:
+        bridge = MemoryStreamBridge(settings)
+    else:
+        bridge = RedisStreamBridge.connect(settings)
+    try:
+        yield bridge
+    finally:
+        # Teardown completes even when the surrounding task is being cancelled.
+        with anyio.CancelScope(shield=True):
+            await bridge.close()

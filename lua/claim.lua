@@ -1,0 +1,41 @@
+-- claim.lua: take (or take over) the producer lease of a run.
+--
+-- KEYS[1]  run meta hash      KEYS[2]  run log stream
+-- ARGV[1]  new producer token
+-- ARGV[2]  lease length, ms
+-- ARGV[3]  "1" to take a live lease by force, else "0"
+-- ARGV[4]  session id, "" for none (kept from the first claim once set)
+-- ARGV[5]  rolling TTL of the run's keys, ms
+--
+-- Returns {"ok", epoch, lease_until_ms, session_id_or_""}
+--       | {"owned", lease_until_ms}      a live lease is held and ARGV[3] is "0"
+--       | {"ended", status}              the run already has an END
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+
+local meta = redis.call('HMGET', KEYS[1], 'status', 'token', 'lease_until', 'epoch', 'session')
+if meta[1] and meta[1] ~= 'running' then
+  return {'ended', meta[1]}
+end
+-- A writer that predates the run record may have left an END with no meta.
+local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+if tail and tail[2][1] == 'end' then
+  return {'ended', tail[2][2]}
+end
+
+local lease_until = tonumber(meta[3] or '0')
+if meta[2] and lease_until > now and ARGV[3] ~= '1' then
+  return {'owned', string.format('%d', lease_until)}
+end
+
+local epoch = tonumber(meta[4] or '0') + 1
+local new_until = now + tonumber(ARGV[2])
+local session = meta[5] or ARGV[4]
+redis.call('HSETNX', KEYS[1], 'created', string.format('%d', now))
+redis.call('HSET', KEYS[1],
+  'status', 'running', 'token', ARGV[1], 'epoch', string.format('%d', epoch),
+  'lease_until', string.format('%d', new_until), 'updated', string.format('%d', now),
+  'session', session)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return {'ok', epoch, string.format('%d', new_until), session}

@@ -1,0 +1,33 @@
+-- renew_lease.lua: extend a producer's lease without writing an event.
+--
+-- KEYS[1]  run meta hash      KEYS[2]  run log stream
+-- ARGV[1]  producer token
+-- ARGV[2]  lease length, ms
+-- ARGV[3]  rolling TTL of the run's keys, ms
+--
+-- Returns {"ok", lease_until_ms, cancel_requested (0|1)}
+--       | {"fenced", "token" | "lease_expired"}
+--       | {"ended", status}
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+
+local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel')
+if not meta[1] or meta[1] ~= ARGV[1] then
+  return {'fenced', 'token'}
+end
+if meta[3] and meta[3] ~= 'running' then
+  return {'ended', meta[3]}
+end
+if tonumber(meta[2] or '0') <= now then
+  return {'fenced', 'lease_expired'}
+end
+local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+if tail and tail[2][1] == 'end' then
+  return {'ended', tail[2][2]}
+end
+
+local new_until = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', new_until))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return {'ok', string.format('%d', new_until), meta[4] == '1' and 1 or 0}
