@@ -1,0 +1,536 @@
+"""The embedded, in-process stream bridge: one asyncio event loop, no external services.
+
+It is the default backend for a single gateway process and the reference the Redis backend
+is tested against, so it follows the same lease, fencing, END and cursor rules (PROTOCOL 2).
+
+Layout. A run record (`_Run`: lease, epoch, status, id clock) owns at most one live
+`_Generation`: the retained log. `cleanup` retires a generation; a later write creates a new
+one, which readers of the old generation never see. A generation keeps events in a list
+with a moving head (evicted slots are dropped and the list compacted once half of it is
+dead), parallel parsed keys for `bisect` on reconnect, and absolute positions
+(`base + index`) so that a reader's step is O(1) and survives compaction.
+
+Fan-out. Readers wait on the generation's `asyncio.Event`; a publish only schedules one
+wake-up per loop tick (replace-and-set), so a publish costs the same for 1 or 10,000
+subscribers and a burst of publishes coalesces into one wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+import time
+from bisect import bisect_right
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..cursor import EventKey, format_key, try_parse_cursor
+from ..errors import BridgeClosed, InvalidInput, ProducerFenced, RunOwned, StreamEnded
+from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..settings import Settings
+from ..values import (
+    HEARTBEAT,
+    Claim,
+    End,
+    EndResult,
+    EndStatus,
+    GapReason,
+    LeaseState,
+    PublishResult,
+    RunInfo,
+    RunStatus,
+    StreamEvent,
+    StreamGap,
+    StreamItem,
+    encode_json,
+)
+
+_COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
+
+
+@dataclass(eq=False)
+class _Generation:
+    """One incarnation of a run's log. Positions are absolute: `base + list index`."""
+
+    events: list[StreamEvent | None] = field(default_factory=list)  # None = evicted slot
+    keys: list[EventKey] = field(default_factory=list)
+    head: int = 0  # list index of the earliest retained event
+    base: int = 0  # absolute position of events[0]
+    last_evicted: EventKey | None = None  # exact id of the newest evicted event
+    end: End | None = None
+    retired: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    wake_scheduled: bool = False
+
+    @property
+    def total(self) -> int:
+        """Absolute position after the newest event (kept after the payloads are cleared)."""
+        return self.base + len(self.events)
+
+    def retained(self) -> list[StreamEvent | None]:
+        return self.events[self.head :]
+
+
+@dataclass(eq=False)
+class _Run:
+    run_id: str
+    session_id: str | None
+    created_at: float
+    updated_at: float
+    token: str
+    epoch: int
+    lease_seconds: float
+    lease_expires_at: float
+    cancel_requested: bool = False
+    status: RunStatus = "running"
+    error: Any = None
+    end_id: str | None = None
+    last_key: EventKey = (0, -1)  # id clock: survives generations so ids never repeat
+    gen: _Generation | None = None
+    deadline: float = 0.0  # loop time at which the whole run expires
+    expiry: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _Pending:
+    """Readers of a run that has no log yet, waiting for its first generation."""
+
+    created: asyncio.Event = field(default_factory=asyncio.Event)
+    readers: int = 0
+
+
+def _positive(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be a number")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidInput(f"{what} must be finite and > 0")
+    return float(value)
+
+
+def _encode(data: Any) -> bytes:
+    try:
+        return encode_json(data)
+    except TypeError as exc:  # orjson.JSONEncodeError: not representable as JSON
+        raise InvalidInput(f"data is not JSON-serialisable: {exc}") from None
+
+
+def _removed(reason: GapReason) -> StreamGap:
+    return StreamGap(None, None, None, reason)
+
+
+class MemoryStreamBridge:
+    """In-process `StreamBridge`; all methods must run on one event loop."""
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._clock = clock  # wall clock (unix seconds): ids, leases, reported times
+        self._runs: dict[str, _Run] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ producers
+
+    async def claim(
+        self,
+        run_id: str,
+        *,
+        session_id: str | None = None,
+        lease_seconds: float | None = None,
+        takeover: bool = False,
+    ) -> Claim:
+        self._check_open()
+        check_run_id(run_id)
+        if session_id is not None:
+            check_session_id(session_id)
+        lease = self._lease(lease_seconds)
+        now = self._clock()
+        run = self._runs.get(run_id)
+        if run is None:
+            run = _Run(run_id, session_id, now, now, "", 0, lease, 0.0)
+            self._runs[run_id] = run
+        elif run.status != "running":
+            raise StreamEnded(f"run {run_id} has ended")
+        elif now < run.lease_expires_at and not takeover:
+            raise RunOwned(f"run {run_id} is owned by a live producer")
+        run.epoch += 1
+        run.token = secrets.token_urlsafe(18)  # a new token fences every older one
+        run.lease_seconds = lease
+        run.lease_expires_at = now + lease
+        run.updated_at = now
+        if run.session_id is None:
+            run.session_id = session_id
+        self._touch(run, self._settings.stream_ttl_seconds)
+        return Claim(run_id, run.session_id, run.token, run.epoch, run.lease_expires_at)
+
+    async def renew_lease(
+        self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
+    ) -> LeaseState:
+        self._check_open()
+        run = self._owned(run_id, producer_token)
+        if run.status != "running":
+            raise StreamEnded(f"run {run_id} has ended")
+        if lease_seconds is not None:
+            run.lease_seconds = self._lease(lease_seconds)
+        now = self._clock()
+        run.lease_expires_at = now + run.lease_seconds
+        run.updated_at = now
+        self._touch(run, self._settings.stream_ttl_seconds)
+        return LeaseState(run.lease_expires_at, run.cancel_requested)
+
+    async def publish(
+        self, run_id: str, event: str, data: Any, *, producer_token: str
+    ) -> PublishResult:
+        return self._append(run_id, ((event, data),), producer_token)
+
+    async def publish_many(
+        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+    ) -> PublishResult:
+        return self._append(run_id, events, producer_token)
+
+    def _append(self, run_id: str, events: Sequence[tuple[str, Any]], token: str) -> PublishResult:
+        self._check_open()
+        check_run_id(run_id)
+        # Validate and encode the whole batch before touching state: a batch is atomic, and
+        # the encoded bytes are the detached copy readers get (payload isolation).
+        encoded = [(check_event_name(name), _encode(data)) for name, data in events]
+        run = self._owned(run_id, token)
+        gen = run.gen
+        # Tail check only (O(1)); the record also remembers an END whose log was removed.
+        if run.status != "running" or (gen is not None and gen.end is not None):
+            raise StreamEnded(f"run {run_id} has ended")
+        ids: list[str] = []
+        if encoded:
+            gen = gen if gen is not None else self._new_generation(run)
+            for name, payload in encoded:
+                key = self._next_key(run)
+                ids.append(format_key(key))
+                gen.events.append(StreamEvent(ids[-1], name, payload))
+                gen.keys.append(key)
+            self._evict(gen)
+            self._wake_soon(gen)
+        now = self._clock()
+        run.lease_expires_at = now + run.lease_seconds
+        run.updated_at = now
+        self._touch(run, self._settings.stream_ttl_seconds)
+        return PublishResult(tuple(ids), run.cancel_requested)
+
+    async def publish_end(
+        self,
+        run_id: str,
+        status: EndStatus,
+        error: Any = None,
+        *,
+        producer_token: str | None,
+    ) -> EndResult:
+        self._check_open()
+        check_run_id(run_id)
+        check_end_status(status)
+        error = orjson.loads(_encode(error))  # detached copy, like event payloads
+        # The ownership check comes first, as in the Redis script: the token, or for the
+        # unowned recovery END the absence of a live lease.
+        run = self._runs.get(run_id)
+        if producer_token is not None:
+            run = self._owned(run_id, producer_token)
+        elif run is not None and self._clock() < run.lease_expires_at:
+            raise ProducerFenced(f"run {run_id} has a live producer")
+        if run is not None and run.status != "running":
+            return EndResult(run.end_id, True)  # at most one END per run, even after cleanup
+        if run is None or (run.gen is None and producer_token is None):
+            return EndResult(None, False)  # recovery END on a missing log creates nothing
+        gen = run.gen if run.gen is not None else self._new_generation(run)
+        end_id = format_key(self._next_key(run))
+        gen.end = End(status, error, end_id)
+        run.status, run.error, run.end_id = status, error, end_id
+        run.updated_at = self._clock()
+        self._touch(run, self._settings.ended_ttl_seconds)  # finished logs stay readable
+        self._wake_soon(gen)
+        return EndResult(end_id, False)
+
+    # ------------------------------------------------------------------ subscribers
+
+    def subscribe(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        check_run_id(run_id)
+        interval = (
+            self._settings.heartbeat_interval_seconds
+            if heartbeat_interval is None
+            else _positive(heartbeat_interval, "heartbeat_interval")
+        )
+        # The generation is captured now, not at the first read: a reader whose generation
+        # is retired before it reads must get a gap, never a recreated stream.
+        run = self._runs.get(run_id)
+        return self._read(run_id, run.gen if run else None, last_event_id, interval)
+
+    async def _read(
+        self, run_id: str, gen: _Generation | None, cursor: str | None, interval: float
+    ) -> AsyncIterator[StreamItem]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + interval
+        pos: int | None = None  # absolute position of the next event to deliver
+        delivered: str | None = None  # id of the last event yielded (or the valid cursor)
+        pending: _Pending | None = None
+        try:
+            while True:
+                if self._closed:
+                    yield self._final(gen, pos, "bridge_closed")
+                    return
+                if gen is None:
+                    run = self._runs.get(run_id)
+                    if run is not None and run.gen is not None:
+                        gen = run.gen  # first log of a run that had none when we came
+                        continue
+                    if run is not None and run.status != "running":
+                        # Log removed after END: say how it ended rather than wait forever.
+                        yield End(run.status, run.error, run.end_id)
+                        return
+                    if pending is None or pending.created.is_set():
+                        # (Re-)register: a set entry was for a generation already retired.
+                        self._release(run_id, pending)
+                        pending = self._pending.setdefault(run_id, _Pending())
+                        pending.readers += 1
+                    waiter = pending.created
+                elif gen.retired:
+                    yield self._final(gen, pos, "stream_removed")
+                    return
+                else:
+                    if pos is None:
+                        start = self._position(gen, cursor)
+                        if isinstance(start, StreamGap):
+                            yield start
+                            return
+                        pos = start
+                        if try_parse_cursor(cursor) is not None:
+                            delivered = cursor
+                    index = pos - gen.base
+                    if index < gen.head:  # overtaken by eviction while we were away
+                        retained = gen.retained()
+                        yield StreamGap(delivered, _id(retained[0]), _id(retained[-1]), "trimmed")
+                        return
+                    if index < len(gen.events):
+                        item = gen.events[index]
+                        assert item is not None  # index >= head: retained
+                        pos += 1
+                        delivered = item.id
+                        yield item
+                        deadline = loop.time() + interval
+                        continue
+                    if gen.end is not None:
+                        yield gen.end
+                        return
+                    waiter = gen.changed
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await waiter.wait()
+                except TimeoutError:
+                    yield HEARTBEAT
+                    deadline = loop.time() + interval
+        finally:
+            self._release(run_id, pending)
+
+    def _release(self, run_id: str, pending: _Pending | None) -> None:
+        if pending is not None:
+            pending.readers -= 1
+            if pending.readers == 0 and self._pending.get(run_id) is pending:
+                del self._pending[run_id]
+
+    @staticmethod
+    def _position(gen: _Generation, cursor: str | None) -> int | StreamGap:
+        """Where a new reader starts, per the memory column of PROTOCOL 2.2."""
+        key = try_parse_cursor(cursor)
+        if key is None:  # none or malformed: everything retained
+            return gen.base + gen.head
+        if gen.last_evicted is not None and key < gen.last_evicted:
+            retained = gen.retained()
+            return StreamGap(cursor, _id(retained[0]), _id(retained[-1]), "trimmed")
+        # key == last_evicted lands on the head: all successors, no gap.
+        return gen.base + bisect_right(gen.keys, key, lo=gen.head)
+
+    @staticmethod
+    def _final(gen: _Generation | None, pos: int | None, reason: GapReason) -> StreamItem:
+        """Terminal item for a reader whose generation went away (cleanup or close)."""
+        if gen is not None and gen.end is not None and pos is not None and pos >= gen.total:
+            return gen.end  # it had consumed everything: it still learns how the run ended
+        return _removed(reason)
+
+    # ------------------------------------------------------------------ run state
+
+    async def request_cancel(self, run_id: str) -> bool:
+        self._check_open()
+        run = self._runs.get(check_run_id(run_id))
+        if run is None:
+            return False
+        run.cancel_requested = True
+        return True
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        self._check_open()
+        run = self._runs.get(check_run_id(run_id))
+        if run is None:
+            return None
+        retained = run.gen.retained() if run.gen is not None else []
+        return RunInfo(
+            run_id=run.run_id,
+            session_id=run.session_id,
+            status=run.status,
+            created_at=run.created_at,
+            updated_at=run.updated_at,
+            first_event_id=_id(retained[0]) if retained else None,
+            last_event_id=_id(retained[-1]) if retained else None,
+            retained_events=len(retained),
+            cancel_requested=run.cancel_requested,
+            epoch=run.epoch,
+            lease_expires_at=run.lease_expires_at,
+            log_exists=run.gen is not None,
+            error=run.error,
+        )
+
+    async def stream_exists(self, run_id: str) -> bool:
+        self._check_open()
+        run = self._runs.get(check_run_id(run_id))
+        return run is not None and run.gen is not None
+
+    async def cleanup(self, run_id: str, delay: float = 0) -> None:
+        self._check_open()
+        check_run_id(run_id)
+        if delay > 0:
+            self._later(delay, self._cleanup_now, run_id)
+        else:
+            self._cleanup_now(run_id)
+
+    async def ping(self) -> None:
+        self._check_open()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True  # readers check this first: they report bridge_closed
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        for run in self._runs.values():
+            if run.expiry is not None:
+                run.expiry.cancel()
+            self._retire(run)
+        self._runs.clear()
+        for pending in self._pending.values():
+            pending.created.set()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BridgeClosed("the stream bridge is closed")
+
+    def _lease(self, seconds: float | None) -> float:
+        if seconds is None:
+            seconds = self._settings.lease_seconds
+        return min(_positive(seconds, "lease_seconds"), self._settings.max_lease_seconds)
+
+    def _owned(self, run_id: str, token: str) -> _Run:
+        """The run, if `token` holds its live lease; the fencing check before any write."""
+        run = self._runs.get(check_run_id(run_id))
+        if run is None or not secrets.compare_digest(run.token.encode(), token.encode()):
+            raise ProducerFenced(f"producer token is not the current owner of run {run_id}")
+        if self._clock() >= run.lease_expires_at:
+            raise ProducerFenced(f"producer lease of run {run_id} has expired")
+        return run
+
+    def _next_key(self, run: _Run) -> EventKey:
+        # Never go backwards: a repeated or earlier wall clock keeps the last ms.
+        ms = int(self._clock() * 1000)
+        last_ms, last_seq = run.last_key
+        run.last_key = (ms, 0) if ms > last_ms else (last_ms, last_seq + 1)
+        return run.last_key
+
+    def _new_generation(self, run: _Run) -> _Generation:
+        run.gen = gen = _Generation()
+        pending = self._pending.pop(run.run_id, None)
+        if pending is not None:
+            pending.created.set()  # its readers now attach to this generation
+        return gen
+
+    def _evict(self, gen: _Generation) -> None:
+        excess = len(gen.events) - gen.head - self._settings.max_events_per_run
+        if excess <= 0:
+            return
+        for index in range(gen.head, gen.head + excess):
+            gen.events[index] = None  # drop the payload now, the slot at compaction
+        gen.head += excess
+        gen.last_evicted = gen.keys[gen.head - 1]
+        if gen.head >= _COMPACT_MIN and gen.head * 2 >= len(gen.events):
+            del gen.events[: gen.head], gen.keys[: gen.head]
+            gen.base += gen.head
+            gen.head = 0
+
+    def _wake_soon(self, gen: _Generation) -> None:
+        # One scheduled wake-up per tick, whatever the number of publishes or readers.
+        if not gen.wake_scheduled:
+            gen.wake_scheduled = True
+            asyncio.get_running_loop().call_soon(self._wake, gen)
+
+    @staticmethod
+    def _wake(gen: _Generation) -> None:
+        gen.wake_scheduled = False
+        event, gen.changed = gen.changed, asyncio.Event()
+        event.set()
+
+    def _retire(self, run: _Run) -> None:
+        gen = run.gen
+        if gen is None:
+            return
+        run.gen = None
+        gen.retired = True
+        # Clear payloads but keep `total` and `end`: readers decide END vs gap from them.
+        gen.base, gen.head = gen.total, 0
+        gen.events, gen.keys = [], []
+        self._wake(gen)
+
+    def _cleanup_now(self, run_id: str) -> None:
+        run = self._runs.get(run_id)
+        if run is not None:
+            self._retire(run)
+
+    def _later(self, delay: float, callback: Callable[[str], None], run_id: str) -> None:
+        handle: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            assert handle is not None
+            self._timers.discard(handle)
+            callback(run_id)
+
+        handle = asyncio.get_running_loop().call_later(delay, fire)
+        self._timers.add(handle)
+
+    def _touch(self, run: _Run, ttl: float) -> None:
+        """Move the run's expiry to now + ttl; re-arm the timer only if it must fire sooner."""
+        loop = asyncio.get_running_loop()
+        run.deadline = loop.time() + ttl
+        if run.expiry is None or run.expiry.when() > run.deadline:
+            if run.expiry is not None:
+                run.expiry.cancel()
+            run.expiry = loop.call_at(run.deadline, self._expire, run)
+
+    def _expire(self, run: _Run) -> None:
+        if self._runs.get(run.run_id) is not run:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < run.deadline:  # extended since armed: sleep again, cheaply
+            run.expiry = loop.call_at(run.deadline, self._expire, run)
+            return
+        run.expiry = None
+        self._retire(run)
+        del self._runs[run.run_id]
+
+
+def _id(item: StreamEvent | None) -> str:
+    assert item is not None  # callers only pass retained slots
+    return item.id
