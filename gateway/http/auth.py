@@ -1,0 +1,259 @@
+"""Who may call what: API keys for producers/operators, scoped JWTs for subscribers.
+
+The model (PROTOCOL section 3, "Auth"):
+
+- **API keys** (`Settings.api_keys`) grant everything: producer, operator and subscriber
+  routes. They are presented as `Authorization: Bearer <key>` only; a key in a URL
+  would end up in access logs and browser history. The presented key is compared with
+  every configured key in constant time (SHA-256 digests, `hmac.compare_digest`, no
+  early exit), so neither the matching key's position nor a prefix length leaks.
+- **Subscriber tokens** are JWTs signed with `Settings.jwt_secret` (HS256, HS384 or
+  HS512; every other `alg`, `none` included, is refused). Claims:
+
+  ``exp``       required, unix seconds; past it the token is refused with `token_expired`.
+  ``runs``      list of run ids the token may read.
+  ``sessions``  list of session ids; the token may read every run of these sessions and
+                the session's turns.
+  ``sub``       optional, free text; only ever used for logging.
+
+  A token is accepted as `Authorization: Bearer <jwt>` or as the `access_token` query
+  parameter (a browser `EventSource` cannot set headers); the header wins when both
+  are present. A token covers a run when the run id is in `runs`, or when the session
+  the run *is recorded under* is in `sessions`: callers must pass the run's stored
+  session id, never one taken from the request path. Tokens never grant producer or
+  operator routes.
+- **Open mode**: no API key and no JWT secret configured. Everything is allowed; the
+  command line only permits it on a loopback bind (see `gateway.cli`).
+
+Errors: no or unusable credentials -> `Unauthorized` (401 `unauthorized`); an expired
+token -> `TokenExpired` (401 `token_expired`); valid credentials that do not cover the
+run or session -> `Forbidden` (403 `forbidden`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import jwt
+
+from ..errors import Forbidden, TokenExpired, Unauthorized
+from ..settings import Settings
+
+ALGORITHMS: Final[tuple[str, ...]] = ("HS256", "HS384", "HS512")
+JwtAlgorithm = Literal["HS256", "HS384", "HS512"]
+
+__all__ = [
+    "ALGORITHMS",
+    "Authenticator",
+    "Principal",
+    "mint_subscriber_token",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The authenticated caller. `full_access` is an API key or open mode."""
+
+    full_access: bool
+    runs: frozenset[str] = frozenset()
+    sessions: frozenset[str] = frozenset()
+    subject: str | None = None
+    kind: Literal["open", "api_key", "token"] = "token"
+
+    def may_read_run(self, run_id: str, session_id: str | None) -> bool:
+        if self.full_access or run_id in self.runs:
+            return True
+        return session_id is not None and session_id in self.sessions
+
+    def may_read_session(self, session_id: str) -> bool:
+        return self.full_access or session_id in self.sessions
+
+    def check_run(self, run_id: str, session_id: str | None) -> None:
+        if not self.may_read_run(run_id, session_id):
+            raise Forbidden("this token does not grant access to this run")
+
+    def check_session(self, session_id: str) -> None:
+        if not self.may_read_session(session_id):
+            raise Forbidden("this token does not grant access to this session")
+
+
+_OPEN: Final = Principal(full_access=True, kind="open")
+_API_KEY: Final = Principal(full_access=True, kind="api_key")
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:  # plain dicts are case-sensitive; Starlette's Headers is not
+        lowered = name.lower()
+        for key, candidate in headers.items():
+            if key.lower() == lowered:
+                return candidate
+    return value
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    """The credential of an `Authorization: Bearer ...` header; Unauthorized when garbled."""
+    raw = _header(headers, "authorization")
+    if raw is None:
+        return None
+    scheme, _, credential = raw.strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not credential:
+        raise Unauthorized("the Authorization header must be 'Bearer <credential>'")
+    return credential
+
+
+def _id_list(claims: Mapping[str, Any], name: str) -> frozenset[str]:
+    value = claims.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise Unauthorized(f"token claim '{name}' must be a list of strings")
+    return frozenset(value)
+
+
+class Authenticator:
+    """Checks credentials against the configured API keys and subscriber-token secret."""
+
+    def __init__(
+        self,
+        api_keys: Iterable[str] = (),
+        jwt_secret: str | None = None,
+        *,
+        leeway_seconds: float = 0.0,
+    ) -> None:
+        keys = [k for k in api_keys if k]
+        self._key_digests: tuple[bytes, ...] = tuple(_digest(k) for k in keys)
+        self._jwt_secret = jwt_secret or None
+        self._leeway = leeway_seconds
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Authenticator:
+        return cls(settings.api_keys, settings.jwt_secret)
+
+    @property
+    def open_mode(self) -> bool:
+        """True when no API key and no JWT secret are configured: everything is allowed."""
+        return not self._key_digests and self._jwt_secret is None
+
+    def _is_api_key(self, credential: str) -> bool:
+        presented = _digest(credential)
+        matched = False
+        for digest in self._key_digests:  # every key, no early exit
+            matched |= hmac.compare_digest(presented, digest)
+        return matched
+
+    def _decode(self, token: str) -> Principal:
+        if self._jwt_secret is None:
+            raise Unauthorized("invalid credentials")
+        try:
+            claims = jwt.decode(
+                token,
+                self._jwt_secret,
+                algorithms=list(ALGORITHMS),
+                options={"require": ["exp"]},
+                leeway=self._leeway,
+            )
+        except jwt.ExpiredSignatureError:
+            raise TokenExpired("the subscriber token has expired") from None
+        except jwt.InvalidTokenError:
+            raise Unauthorized("invalid credentials") from None
+        subject = claims.get("sub")
+        return Principal(
+            full_access=False,
+            runs=_id_list(claims, "runs"),
+            sessions=_id_list(claims, "sessions"),
+            subject=subject if isinstance(subject, str) else None,
+            kind="token",
+        )
+
+    # -- producer / operator ------------------------------------------------------------
+
+    def authorize_producer(self, headers: Mapping[str, str]) -> Principal:
+        """Producer and operator routes: an API key in the Authorization header."""
+        if self.open_mode:
+            return _OPEN
+        credential = _bearer(headers)
+        if credential is None:
+            raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+        if self._is_api_key(credential):
+            return _API_KEY
+        if self._jwt_secret is not None and credential.count(".") == 2:
+            # A well-formed subscriber token on a producer route: authenticated, not allowed.
+            self._decode(credential)
+            raise Forbidden("subscriber tokens cannot be used on producer or operator routes")
+        raise Unauthorized("invalid credentials")
+
+    authorize_operator = authorize_producer
+
+    # -- subscriber ---------------------------------------------------------------------
+
+    def authenticate_subscriber(
+        self, headers: Mapping[str, str], query_params: Mapping[str, str]
+    ) -> Principal:
+        """Who is reading: full access (API key, open mode) or a scoped token. Raises 401s."""
+        if self.open_mode:
+            return _OPEN
+        credential = _bearer(headers)
+        if credential is not None:
+            if self._is_api_key(credential):
+                return _API_KEY
+            return self._decode(credential)
+        token = query_params.get("access_token")
+        if not token:
+            raise Unauthorized(
+                "credentials required: Authorization: Bearer <token> or ?access_token=<token>"
+            )
+        return self._decode(token)  # API keys are not accepted in URLs
+
+    def authorize_subscriber(
+        self,
+        headers: Mapping[str, str],
+        query_params: Mapping[str, str],
+        run_id: str,
+        session_id: str | None = None,
+    ) -> Principal:
+        """Reading one run. `session_id` must be the session the run is recorded under."""
+        principal = self.authenticate_subscriber(headers, query_params)
+        principal.check_run(run_id, session_id)
+        return principal
+
+    def authorize_session_reader(
+        self, headers: Mapping[str, str], query_params: Mapping[str, str], session_id: str
+    ) -> Principal:
+        """Reading one session's turns."""
+        principal = self.authenticate_subscriber(headers, query_params)
+        principal.check_session(session_id)
+        return principal
+
+
+def mint_subscriber_token(
+    secret: str,
+    *,
+    runs: Iterable[str] = (),
+    sessions: Iterable[str] = (),
+    ttl_seconds: float = 3600,
+    subject: str | None = None,
+    algorithm: JwtAlgorithm = "HS256",
+    now: float | None = None,
+) -> str:
+    """A subscriber token for `runs` and/or `sessions`, valid for `ttl_seconds`."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}")
+    issued = time.time() if now is None else now
+    claims: dict[str, Any] = {
+        "iat": int(issued),
+        "exp": int(issued + ttl_seconds),
+        "runs": sorted(set(runs)),
+        "sessions": sorted(set(sessions)),
+    }
+    if subject is not None:
+        claims["sub"] = subject
+    return jwt.encode(claims, secret, algorithm=algorithm)
