@@ -1,0 +1,127 @@
+"""The sessions/turns store contract (PROTOCOL 6), shared by the memory and Redis backends.
+
+Every run claimed with a `session_id` is a turn of that session. The HTTP layer drives
+the store beside the stream bridge:
+
+- claim with `session_id`      -> `start_turn(session_id, run_id, input_message, now)`
+- accepted event(s)             -> `apply_events(session_id, run_id, [(name, data)], now)`
+- END (producer or recovery)    -> `end_turn(session_id, run_id, status, now)`
+- `GET /v1/sessions`            -> `list_sessions(limit, parked)` (`parse_limit` first)
+- `GET /v1/sessions/{id}/turns` -> `list_turns(session_id, limit)`
+- `DELETE /v1/sessions/{id}`    -> `delete_session(session_id, retire)`; the returned run
+  ids are the logs to remove with `bridge.cleanup(run_id)`.
+
+Writes never fail a producer for session reasons: a write to a retired session is
+silently dropped (it returns False), and a message that cannot be shaped is not stored.
+Turn records and rows are plain JSON objects (see `turns.py` for the record shape);
+readers always get detached copies.
+
+Index rows: `{"session_id", "last_updated", "turn_count"}` newest activity first;
+`parked=True` lists only sessions whose newest-created turn is `input-required` or
+`auth-required`, newest first, each row also carrying `last_state`.
+
+Turns: the newest `limit` turns by `last_updated`, returned oldest first (transcript
+order), including the in-flight turn with its partial text and non-terminal state.
+
+Retire (`retire=True`) removes the turns and writes a durable tombstone that is never
+evicted: any later write for that session id (a late save of an in-flight producer,
+even after a gateway restart) is dropped, and the index and the turns reader exclude the
+id forever. Clear (`retire=False`) removes the turns and keeps the id usable; it raises
+`SessionActive` (409) while a turn of the session is `running`. Parked turns do not
+block a clear: nothing settles them (the operator answers with a fresh turn), so they
+would block it forever. Clear's check and delete are one atomic step on both backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Protocol, TypedDict, runtime_checkable
+
+from ..errors import InvalidInput
+from ..values import EndStatus
+
+MAX_LIMIT: Final = 200
+DEFAULT_LIMIT: Final = 50
+
+
+class SessionRow(TypedDict, total=False):
+    session_id: str
+    last_updated: float
+    turn_count: int
+    last_state: str  # only in `parked=True` rows
+
+
+def parse_limit(value: object, default: int = DEFAULT_LIMIT) -> int:
+    """Validate a `limit` (query string or int): 1..200; None -> `default`.
+
+    Raises InvalidInput (a 400) for anything else: signs, spaces, non-ASCII digits,
+    floats, booleans, 0, > 200.
+    """
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise InvalidInput("limit must be an integer between 1 and 200")
+    if isinstance(value, str):
+        if not value or len(value) > 3 or not all("0" <= c <= "9" for c in value):
+            raise InvalidInput("limit must be an integer between 1 and 200")
+        value = int(value)
+    if not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise InvalidInput("limit must be an integer between 1 and 200")
+    return value
+
+
+def parse_flag(value: object, name: str = "parked") -> bool:
+    """Validate a boolean query flag: true/false/1/0 (case-insensitive); None -> False."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no", ""):
+            return False
+    raise InvalidInput(f"{name} must be true or false")
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    async def start_turn(
+        self, session_id: str, run_id: str, input_message: Any, now: float
+    ) -> bool:
+        """Open the turn of `run_id` (idempotent: an existing turn is kept as is).
+
+        `input_message` is the claim's raw A2A message (or None); it is shaped by
+        `shaping.shape_input_message`. False when the session is retired.
+        """
+        ...
+
+    async def apply_events(
+        self, session_id: str, run_id: str, events: list[tuple[str, Any]], now: float
+    ) -> bool:
+        """Fold a batch of accepted events into the turn (created when missing).
+
+        False when the session is retired (nothing written).
+        """
+        ...
+
+    async def end_turn(self, session_id: str, run_id: str, status: EndStatus, now: float) -> bool:
+        """Set the END status of an existing turn; a missing turn stays missing."""
+        ...
+
+    async def list_sessions(
+        self, limit: int = DEFAULT_LIMIT, parked: bool = False
+    ) -> list[SessionRow]: ...
+
+    async def list_turns(
+        self, session_id: str, limit: int = DEFAULT_LIMIT
+    ) -> list[dict[str, Any]]: ...
+
+    async def delete_session(self, session_id: str, retire: bool) -> list[str]:
+        """Remove the session's turns; returns their run ids (for `bridge.cleanup`).
+
+        Raises SessionActive when `retire` is False and a turn is running.
+        """
+        ...
+
+    async def is_retired(self, session_id: str) -> bool: ...

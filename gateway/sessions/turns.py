@@ -1,0 +1,235 @@
+"""How a turn record evolves as its run streams (PROTOCOL 6). Pure: no I/O, no clock.
+
+A turn record is a JSON object, the same on both backends:
+
+    {"run_id", "session_id", "state", "created_at", "last_updated",
+     "text", "status", "artifacts", "history", "truncated"}
+
+- `state`: "running", "input-required", "auth-required" (both *parked* on the operator),
+  or the END status ("success", "error", "cancelled", "interrupted", "producer_lost").
+- `text`: the joined answer text. `status`: the last status object as the producer sent
+  it (untransformed; null until one is sent). `artifacts`: the artifact objects as sent.
+  `history`: opens with the shaped operator message (see `shaping.py`) when there is one,
+  then the messages the producer appended.
+- `truncated`: true once any cap below dropped something.
+- Times are unix seconds (float) as passed by the caller.
+
+Event names producers use (every other name is ignored here; it still goes to the run
+log and the live stream):
+
+- `token`, `text-delta` -- data `{"text": str}` or a bare string: appended to `text`.
+- `text-set` -- same data: replaces `text` (a multi-pass turn keeps only its final pass).
+- `state` -- data `{"state": s}` or a bare string s, s one of `running`,
+  `input-required`, `auth-required`: sets `state`.
+- `artifact` -- an artifact object: appended to `artifacts`; one whose `artifactId`
+  equals a stored one's replaces it in place.
+- `status` -- a status object (A2A `TaskStatus`): stored as `status`, untransformed; its
+  `state` also sets `state` when it is `input-required` / `auth-required`, or
+  `running` / `working` (-> `running`).
+- `history`, `message` -- a message object: appended to `history` as sent (e.g. a
+  steer-consumed marker carrying the operator's interjection).
+
+END (`end_turn`) sets `state` to the END status. Once a turn has ended, later events do
+not change it (only a retire/clear removes it). Malformed data for a known name (e.g. a
+`state` that is not one of the three) is ignored, never an error: the turn record is a
+best-effort view and must never fail a producer's write.
+
+Caps (`TurnLimits`, defaults): `text` 200,000 chars; 32 artifacts; 32 history entries
+(the operator message included); each artifact, status or history entry at most
+64 KiB of compact JSON (a bigger one is dropped). So a record stays under ~5 MiB of JSON
+whatever the producer sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from ..values import END_STATUSES, EndStatus, encode_json
+
+RUNNING: Final = "running"
+PARKED_STATES: Final = frozenset({"input-required", "auth-required"})
+LIVE_STATES: Final = frozenset({RUNNING, *PARKED_STATES})
+TURN_STATES: Final = LIVE_STATES | END_STATUSES
+
+TEXT_APPEND_EVENTS: Final = frozenset({"token", "text-delta"})
+TEXT_SET_EVENTS: Final = frozenset({"text-set"})
+STATE_EVENTS: Final = frozenset({"state"})
+ARTIFACT_EVENTS: Final = frozenset({"artifact"})
+STATUS_EVENTS: Final = frozenset({"status"})
+HISTORY_EVENTS: Final = frozenset({"history", "message"})
+TURN_EVENTS: Final = (
+    TEXT_APPEND_EVENTS
+    | TEXT_SET_EVENTS
+    | STATE_EVENTS
+    | ARTIFACT_EVENTS
+    | STATUS_EVENTS
+    | HISTORY_EVENTS
+)
+
+_STATUS_STATE_MAP: Final = {
+    "input-required": "input-required",
+    "auth-required": "auth-required",
+    "running": RUNNING,
+    "working": RUNNING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLimits:
+    max_text_chars: int = 200_000
+    max_artifacts: int = 32
+    max_history: int = 32
+    max_item_bytes: int = 65_536
+
+
+DEFAULT_LIMITS: Final = TurnLimits()
+
+
+def is_parked(state: str | None) -> bool:
+    return state in PARKED_STATES
+
+
+def is_ended(state: str | None) -> bool:
+    return state in END_STATUSES
+
+
+def new_turn(
+    session_id: str, run_id: str, operator_message: dict[str, Any] | None, now: float
+) -> dict[str, Any]:
+    """A fresh running turn; `operator_message` is the already shaped message (or None)."""
+    return {
+        "run_id": run_id,
+        "session_id": session_id,
+        "state": RUNNING,
+        "created_at": now,
+        "last_updated": now,
+        "text": "",
+        "status": None,
+        "artifacts": [],
+        "history": [operator_message] if operator_message is not None else [],
+        "truncated": False,
+    }
+
+
+def copy_turn(turn: dict[str, Any]) -> dict[str, Any]:
+    """A deep, detached copy (what readers get, so they never alias stored state)."""
+    copied: dict[str, Any] = orjson.loads(encode_json(turn))
+    return copied
+
+
+def apply_events(
+    turn: dict[str, Any],
+    events: list[tuple[str, Any]],
+    now: float,
+    limits: TurnLimits = DEFAULT_LIMITS,
+) -> bool:
+    """Fold `events` into `turn` in place; True when the record changed.
+
+    `last_updated` moves to `now` when anything changed (never backwards).
+    """
+    if is_ended(turn.get("state")):
+        return False
+    changed = False
+    for name, data in events:
+        if name in TURN_EVENTS:
+            changed = _apply_one(turn, name, data, limits) or changed
+    if changed:
+        turn["last_updated"] = max(float(turn.get("last_updated", now)), now)
+    return changed
+
+
+def end_turn(turn: dict[str, Any], status: EndStatus, now: float) -> bool:
+    """Set the END status; True when the record changed (a second END is a no-op)."""
+    if status not in END_STATUSES or is_ended(turn.get("state")):
+        return False
+    turn["state"] = status
+    turn["last_updated"] = max(float(turn.get("last_updated", now)), now)
+    return True
+
+
+def _text_of(data: Any) -> str | None:
+    if isinstance(data, str):
+        return data
+    if isinstance(data, dict):
+        text = data.get("text")
+        if isinstance(text, str):
+            return text
+    return None
+
+
+def _detached_within(item: Any, limits: TurnLimits) -> Any | None:
+    """A detached copy of `item` when its compact JSON fits the item cap, else None."""
+    try:
+        encoded = encode_json(item)
+    except TypeError:
+        return None
+    if len(encoded) > limits.max_item_bytes:
+        return None
+    return orjson.loads(encoded)
+
+
+def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -> bool:
+    if name in TEXT_APPEND_EVENTS or name in TEXT_SET_EVENTS:
+        piece = _text_of(data)
+        if piece is None:
+            return False
+        current = "" if name in TEXT_SET_EVENTS else str(turn.get("text", ""))
+        joined = current + piece
+        if len(joined) > limits.max_text_chars:
+            joined = joined[: limits.max_text_chars]
+            turn["truncated"] = True
+        if joined == turn.get("text"):
+            return False
+        turn["text"] = joined
+        return True
+    if name in STATE_EVENTS:
+        state = data.get("state") if isinstance(data, dict) else data
+        if state not in LIVE_STATES or state == turn.get("state"):
+            return False
+        turn["state"] = state
+        return True
+    if name in ARTIFACT_EVENTS:
+        if not isinstance(data, dict):
+            return False
+        data = _detached_within(data, limits)
+        if data is None:
+            turn["truncated"] = True
+            return True
+        artifacts: list[Any] = turn.setdefault("artifacts", [])
+        artifact_id = data.get("artifactId")
+        if artifact_id is not None:
+            for index, existing in enumerate(artifacts):
+                if isinstance(existing, dict) and existing.get("artifactId") == artifact_id:
+                    artifacts[index] = data
+                    return True
+        if len(artifacts) >= limits.max_artifacts:
+            turn["truncated"] = True
+            return True
+        artifacts.append(data)
+        return True
+    if name in STATUS_EVENTS:
+        if not isinstance(data, dict):
+            return False
+        data = _detached_within(data, limits)
+        if data is None:
+            turn["truncated"] = True
+            return True
+        turn["status"] = data
+        status_state = data.get("state")
+        if isinstance(status_state, str) and status_state in _STATUS_STATE_MAP:
+            turn["state"] = _STATUS_STATE_MAP[status_state]
+        return True
+    if name in HISTORY_EVENTS:
+        if not isinstance(data, dict):
+            return False
+        history: list[Any] = turn.setdefault("history", [])
+        data = _detached_within(data, limits)
+        if data is None or len(history) >= limits.max_history:
+            turn["truncated"] = True
+            return True
+        history.append(data)
+        return True
+    return False
