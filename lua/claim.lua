@@ -34,7 +34,8 @@ local session = meta[5] or ARGV[4]
 redis.call('HSETNX', KEYS[1], 'created', string.format('%d', now))
 redis.call('HSET', KEYS[1],
   'status', 'running', 'token', ARGV[1], 'epoch', string.format('%d', epoch),
-  'lease_until', string.format('%d', new_until), 'updated', string.format('%d', now),
+  'lease_until', string.format('%d', new_until), 'lease_ms', ARGV[2],
+  'updated', string.format('%d', now),
   'session', session)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])

@@ -1,15 +1,16 @@
 -- publish.lua: append events to a run log, fenced by the producer token.
 --
 -- Order matters and is the contract: token check, then END detection on the tail
--- only (O(1), whatever the retained history), then XADD with exact trimming and TTL
--- refresh. Nothing is written unless every check passes.
+-- only (O(1), whatever the retained history), then the lease, then XADD with exact
+-- trimming and TTL refresh. Nothing is written unless every check passes.
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  producer token
--- ARGV[2]  lease length, ms (every publish renews the lease)
--- ARGV[3]  events kept per run (exact MAXLEN)
--- ARGV[4]  rolling TTL of the run's keys, ms
--- ARGV[5..] event name, JSON payload, event name, JSON payload, ...
+-- ARGV[2]  events kept per run (exact MAXLEN)
+-- ARGV[3]  rolling TTL of the run's keys, ms
+-- ARGV[4..] event name, JSON payload, event name, JSON payload, ...
+--
+-- Every publish renews the lease by the length the producer claimed it for.
 --
 -- Returns {"ok", cancel_requested (0|1), id, id, ...}
 --       | {"fenced", "token" | "lease_expired"}
@@ -17,14 +18,10 @@
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel')
+local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
-if tonumber(meta[2] or '0') <= now then
-  return {'fenced', 'lease_expired'}
-end
-
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 if tail and tail[2][1] == 'end' then
   return {'ended', tail[1]}
@@ -33,15 +30,20 @@ end
 if not tail and meta[3] and meta[3] ~= 'running' then
   return {'ended', ''}
 end
+-- The owner's lease lapsing fences it too (checked after END, so a late write to an
+-- ended run is reported as such).
+if tonumber(meta[2] or '0') <= now then
+  return {'fenced', 'lease_expired'}
+end
 
 local reply = {'ok', meta[4] == '1' and 1 or 0}
-for i = 5, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   reply[#reply + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
 end
 
 -- Keep the exact last trimmed id: Redis 7 does not track trimming, and a reader whose
 -- cursor is exactly that id has missed nothing.
-local maxlen = tonumber(ARGV[3])
+local maxlen = tonumber(ARGV[2])
 local excess = redis.call('XLEN', KEYS[2]) - maxlen
 if excess > 0 then
   local victims = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', excess)
@@ -50,8 +52,8 @@ if excess > 0 then
 end
 
 redis.call('HSET', KEYS[1],
-  'lease_until', string.format('%d', now + tonumber(ARGV[2])),
+  'lease_until', string.format('%d', now + tonumber(meta[5])),
   'updated', string.format('%d', now))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return reply

@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  producer token
--- ARGV[2]  lease length, ms
+-- ARGV[2]  lease length, ms; "" keeps the length the lease was claimed for
 -- ARGV[3]  rolling TTL of the run's keys, ms
 --
 -- Returns {"ok", lease_until_ms, cancel_requested (0|1)}
@@ -11,7 +11,7 @@
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel')
+local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -26,8 +26,10 @@ if tail and tail[2][1] == 'end' then
   return {'ended', tail[2][2]}
 end
 
-local new_until = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', new_until))
+local lease_ms = ARGV[2]
+if lease_ms == '' then lease_ms = meta[5] end
+local new_until = now + tonumber(lease_ms)
+redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', new_until), 'lease_ms', lease_ms)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return {'ok', string.format('%d', new_until), meta[4] == '1' and 1 or 0}

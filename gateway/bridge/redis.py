@@ -193,9 +193,8 @@ class RedisStreamBridge:
         self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
     ) -> LeaseState:
         keys = self._keys(run_id)
-        reply = await self._script(
-            "renew_lease", keys, producer_token, self._lease_ms(lease_seconds), self._ttl_ms
-        )
+        lease_ms = "" if lease_seconds is None else self._lease_ms(lease_seconds)
+        reply = await self._script("renew_lease", keys, producer_token, lease_ms, self._ttl_ms)
         self._raise_refusal(run_id, reply)
         return LeaseState(lease_expires_at=int(reply[1]) / 1000, cancel_requested=reply[2] == 1)
 
@@ -212,7 +211,6 @@ class RedisStreamBridge:
             raise InvalidInput("a batch needs at least one event")
         args: list[bytes | str | int] = [
             producer_token,
-            self._lease_ms(None),
             self._settings.max_events_per_run,
             self._ttl_ms,
         ]
