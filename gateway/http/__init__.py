@@ -1,0 +1,23 @@
+"""The HTTP/SSE face of the gateway (PROTOCOL sections 3-5): a Starlette application.
+
+app.py            create_app(settings, bridge=None), lifespan, drain()
+server.py         GatewayServer: uvicorn server that drains SSE on shutdown
+producer.py       POST /v1/runs, /events, /end, /lease
+subscriber.py     GET /v1/runs/{id}, /stream, /wait; POST /cancel
+operator.py       DELETE /v1/runs/{id}
+langgraph.py      /threads/{session_id}/runs/{run_id}[/stream|/join]
+ops.py            /healthz, /readyz, /metrics
+sse.py            the SSE response (lean ASGI streaming)
+frames.py         SSE frame encoding
+errors.py         the one exception → HTTP error boundary
+bodies.py         bounded JSON bodies and input validation
+access.py         the one authorization call site (auth.py does the checking)
+liveness.py       producer_lost recovery END for expired leases
+subscriptions.py  open-subscription registry and the drain signal
+metrics.py        Prometheus metrics
+openapi.py        the OpenAPI 3 document served at /openapi.json
+"""
+
+from .app import create_app, drain
+
+__all__ = ["create_app", "drain"]

@@ -1,0 +1,34 @@
+"""The single call site that authorizes each route (see `gateway.http.auth`).
+
+Producer and operator routes need an API key. Subscriber routes need an API key or a
+subscriber token covering the run, judged against the session the run is *recorded*
+under (never a session id taken from the request path).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from ..values import RunInfo
+from .auth import Principal
+from .state import gateway_state
+
+
+def producer(request: Request) -> Principal:
+    return gateway_state(request).auth.authorize_producer(request.headers)
+
+
+def operator(request: Request) -> Principal:
+    return gateway_state(request).auth.authorize_operator(request.headers)
+
+
+def subscriber(request: Request) -> Principal:
+    """Authenticate a reader (401s) before anything about the run is revealed."""
+    return gateway_state(request).auth.authenticate_subscriber(
+        request.headers, request.query_params
+    )
+
+
+def reader_of(principal: Principal, run: RunInfo) -> None:
+    """403 unless the reader's credentials cover this run."""
+    principal.check_run(run.run_id, run.session_id)

@@ -1,0 +1,95 @@
+"""The Starlette application: `create_app(settings, bridge=None)`.
+
+The lifespan opens the bridge with `open_bridge(settings)` unless one is passed in
+(then the caller owns and closes it), and owns one anyio task group for background
+work (the producer-liveness monitor). On exit it drains open SSE responses and waits,
+then cancels the task group; bridge teardown is shielded inside the provider.
+
+`app.state.gateway` is the `GatewayState` (bridge, settings, subscription registry,
+metrics, authenticator). Call `drain(app)` (or use `gateway.http.server.GatewayServer`)
+when the server starts shutting down, so SSE responses end cleanly before uvicorn waits
+for connections to close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..bridge.base import StreamBridge
+from ..bridge.provider import open_bridge
+from ..settings import Settings
+from . import langgraph, operator, ops, producer, subscriber
+from .auth import Authenticator
+from .errors import install_error_handlers
+from .liveness import monitor
+from .metrics import Metrics
+from .openapi import openapi_document
+from .responses import json_response
+from .state import GatewayState
+from .subscriptions import SubscriptionRegistry
+
+
+async def _openapi(_request: Request) -> Response:
+    return json_response(openapi_document())
+
+
+def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starlette:
+    subscriptions = SubscriptionRegistry()
+    state = GatewayState(
+        settings=settings,
+        subscriptions=subscriptions,
+        metrics=Metrics(subscriptions),
+        auth=Authenticator.from_settings(settings),
+        bridge_=bridge,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if bridge is None:
+                state.bridge_ = await stack.enter_async_context(open_bridge(settings))
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(
+                        monitor,
+                        state.bridge,
+                        subscriptions,
+                        settings.heartbeat_interval_seconds,
+                        state.metrics,
+                    )
+                    state.started = True
+                    try:
+                        yield
+                    finally:
+                        subscriptions.drain()
+                        tg.cancel_scope.cancel()
+            finally:
+                state.started = False
+                if bridge is None:
+                    state.bridge_ = None
+
+    routes = [
+        *producer.routes,
+        *subscriber.routes,
+        *operator.routes,
+        *langgraph.routes,
+        *ops.routes,
+        Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    install_error_handlers(app)
+    app.state.gateway = state
+    return app
+
+
+def drain(app: Starlette) -> None:
+    """End every open SSE response and `/wait` cleanly (call on the app's event loop)."""
+    state: GatewayState = app.state.gateway
+    state.subscriptions.drain()

@@ -1,0 +1,132 @@
+"""Reading and validating request input: bounded JSON bodies, fields, query parameters.
+
+Every failure raises a 4xx (`HttpError` or `InvalidInput`/`PayloadTooLarge`), never
+anything that becomes a 500. JSON is decoded with orjson, which refuses NaN/Infinity,
+invalid UTF-8 and lone surrogates (all `400 invalid_json`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+from starlette.requests import Request
+
+from ..errors import InvalidInput, PayloadTooLarge
+from .errors import HttpError
+
+_MISSING: Final = object()
+
+
+async def read_json_object(
+    request: Request, max_bytes: int, *, allow_empty: bool
+) -> dict[str, Any]:
+    """The request body as a JSON object, read up to `max_bytes` (413 beyond)."""
+    value, _size = await read_json_object_sized(request, max_bytes, allow_empty=allow_empty)
+    return value
+
+
+async def read_json_object_sized(
+    request: Request, max_bytes: int, *, allow_empty: bool
+) -> tuple[dict[str, Any], int]:
+    """The request body as a JSON object and its size in bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body.strip():
+        if allow_empty:
+            return {}, len(body)
+        raise HttpError(400, "invalid_json", "request body must be a JSON object")
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return value, len(body)
+
+
+def reject_unknown(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidInput(f"unexpected field(s): {', '.join(unknown)[:200]}")
+
+
+def opt_str(body: Mapping[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{key} must be a string")
+    return value
+
+
+def req_str(body: Mapping[str, Any], key: str) -> str:
+    value = body.get(key, _MISSING)
+    if value is _MISSING:
+        raise InvalidInput(f"{key} is required")
+    if not isinstance(value, str):
+        raise InvalidInput(f"{key} must be a string")
+    return value
+
+
+def opt_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{key} must be a boolean")
+    return value
+
+
+def opt_object(body: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{key} must be a JSON object")
+    return value
+
+
+def opt_seconds(
+    body: Mapping[str, Any], key: str, *, maximum: float, allow_zero: bool = False
+) -> float | None:
+    """An optional positive, finite number of seconds, at most `maximum`."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{key} must be a number of seconds")
+    return check_seconds(key, float(value), maximum=maximum, allow_zero=allow_zero)
+
+
+def check_seconds(key: str, value: float, *, maximum: float, allow_zero: bool = False) -> float:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise InvalidInput(f"{key} must be a finite number {'>=' if allow_zero else '>'} 0")
+    if value > maximum:
+        raise InvalidInput(f"{key} must be at most {maximum:g}")
+    return value
+
+
+def query_seconds(request: Request, key: str, default: float) -> float:
+    """A query parameter holding a non-negative finite number of seconds (422 otherwise)."""
+    raw = request.query_params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"{key} must be a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInput(f"{key} must be a finite number >= 0")
+    return value

@@ -1,0 +1,77 @@
+"""LangGraph-compatible routes, so the `langgraph-sdk` `runs.join_stream` can reattach.
+
+- `GET /threads/{session_id}/runs/{run_id}/stream` (and `/join`): the same SSE as
+  `/v1/runs/{run_id}/stream`, with `Location: <root>/threads/{sid}/runs/{rid}/stream`.
+  The SDK remembers that Location; after a dropped connection (or a stream that closes
+  without an `end`/`error` event, e.g. on a gateway restart) it asks
+  `GET /threads/{sid}/runs/{rid}` and, while the status is `pending`/`running`,
+  reconnects to the Location with `Last-Event-ID`.
+- `GET /threads/{session_id}/runs/{run_id}`: `{run_id, thread_id, status}` in LangGraph's
+  vocabulary: `running` while live; after END `success`, `error` or `interrupted`
+  (`cancelled` → `interrupted`, `producer_lost` → `error`).
+
+The thread is the run's session: a run recorded under another session (or none) is a
+404 on these paths. Query parameters the SDK adds (`stream_mode`,
+`cancel_on_disconnect`) are accepted and ignored: a disconnect never cancels a run.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..errors import RunNotFound
+from ..names import check_run_id, check_session_id
+from ..values import RunInfo
+from . import access
+from .responses import json_response
+from .state import GatewayState, gateway_state
+from .subscriber import lookup, sse_response
+
+LANGGRAPH_STATUS: Final[dict[str, str]] = {
+    "running": "running",
+    "success": "success",
+    "error": "error",
+    "interrupted": "interrupted",
+    "cancelled": "interrupted",
+    "producer_lost": "error",
+}
+
+
+async def _thread_run(request: Request, state: GatewayState) -> tuple[str, RunInfo]:
+    principal = access.subscriber(request)
+    session_id = check_session_id(request.path_params["session_id"])
+    info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
+    if info.session_id != session_id:
+        raise RunNotFound(f"run {info.run_id} is not a run of thread {session_id}")
+    return session_id, info
+
+
+async def join_stream(request: Request) -> Response:
+    state = gateway_state(request)
+    session_id, info = await _thread_run(request, state)
+    root = request.scope.get("root_path", "")
+    location = f"{root}/threads/{session_id}/runs/{info.run_id}/stream"
+    return sse_response(request, state, info, ((b"location", location.encode()),))
+
+
+async def thread_run_status(request: Request) -> Response:
+    state = gateway_state(request)
+    session_id, info = await _thread_run(request, state)
+    return json_response(
+        {
+            "run_id": info.run_id,
+            "thread_id": session_id,
+            "status": LANGGRAPH_STATUS.get(info.status, "error"),
+        }
+    )
+
+
+routes: Final = [
+    Route("/threads/{session_id}/runs/{run_id}", thread_run_status, methods=["GET"]),
+    Route("/threads/{session_id}/runs/{run_id}/stream", join_stream, methods=["GET"]),
+    Route("/threads/{session_id}/runs/{run_id}/join", join_stream, methods=["GET"]),
+]

@@ -1,0 +1,189 @@
+"""Producer routes: claim a run, append events (one or a batch), END it, renew the lease.
+
+Writes carry the producer token in `X-Producer-Token`; a missing token is a 422
+(`missing_producer_token`), a stale or wrong one the bridge's `409 fenced`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..errors import InvalidInput, PayloadTooLarge, StreamEnded
+from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from . import access
+from .bodies import (
+    opt_bool,
+    opt_object,
+    opt_seconds,
+    opt_str,
+    read_json_object,
+    read_json_object_sized,
+    reject_unknown,
+    req_str,
+)
+from .errors import HttpError, RunEndedOnClaim
+from .responses import json_response
+from .state import GatewayState, gateway_state
+
+_CLAIM_FIELDS: Final = frozenset(
+    {"run_id", "session_id", "lease_seconds", "takeover", "input_message", "metadata"}
+)
+_EVENT_FIELDS: Final = frozenset({"event", "data"})
+_END_FIELDS: Final = frozenset({"status", "error"})
+_LEASE_FIELDS: Final = frozenset({"lease_seconds"})
+# Re-encoding parsed JSON can grow it (`1e5` -> `100000.0`): bodies above this share of
+# max_event_bytes get each event measured exactly; smaller ones cannot hold a large event.
+_GROWTH: Final = 4
+
+
+def producer_token(request: Request) -> str:
+    token = request.headers.get("x-producer-token")
+    if not token:
+        raise HttpError(422, "missing_producer_token", "the X-Producer-Token header is required")
+    return token
+
+
+def _run_id(request: Request) -> str:
+    return check_run_id(request.path_params["run_id"])
+
+
+async def claim_run(request: Request) -> Response:
+    access.producer(request)
+    state = gateway_state(request)
+    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=True)
+    reject_unknown(body, _CLAIM_FIELDS)
+    run_id = opt_str(body, "run_id")
+    run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+    session_id = opt_str(body, "session_id")
+    if session_id is not None:
+        check_session_id(session_id)
+    lease = opt_seconds(body, "lease_seconds", maximum=state.settings.max_lease_seconds)
+    takeover = opt_bool(body, "takeover", False)
+    opt_object(body, "input_message")  # consumed by the sessions layer
+    opt_object(body, "metadata")
+    try:
+        claim = await state.bridge.claim(
+            run_id, session_id=session_id, lease_seconds=lease, takeover=takeover
+        )
+    except StreamEnded as exc:
+        raise RunEndedOnClaim(str(exc) or f"run {run_id} has ended") from None
+    return json_response(
+        {
+            "run_id": claim.run_id,
+            "session_id": claim.session_id,
+            "producer_token": claim.token,
+            "epoch": claim.epoch,
+            "lease_expires_at": claim.lease_expires_at,
+        },
+        201,
+    )
+
+
+def _one_event(raw: Any, where: str) -> tuple[str, Any]:
+    if not isinstance(raw, dict):
+        raise InvalidInput(f'{where} must be a JSON object {{"event", "data"}}')
+    reject_unknown(raw, _EVENT_FIELDS)
+    return check_event_name(req_str(raw, "event")), raw.get("data")
+
+
+def parse_events(
+    body: dict[str, Any], state: GatewayState, body_size: int
+) -> list[tuple[str, Any]]:
+    """`{"event", "data"}` or `{"events": [...]}`, within the batch and event size limits."""
+    settings = state.settings
+    if "events" in body:
+        reject_unknown(body, frozenset({"events"}))
+        raw = body["events"]
+        if not isinstance(raw, list) or not raw:
+            raise InvalidInput('events must be a non-empty list of {"event", "data"} objects')
+        if len(raw) > settings.max_batch_events:
+            raise PayloadTooLarge(
+                f"a batch holds at most {settings.max_batch_events} events (got {len(raw)})"
+            )
+        events = [_one_event(item, f"events[{i}]") for i, item in enumerate(raw)]
+    else:
+        events = [_one_event(body, "the body")]
+    if body_size * _GROWTH > settings.max_event_bytes:
+        for index, (_name, data) in enumerate(events):
+            size = len(_encode(data))
+            if size > settings.max_event_bytes:
+                raise PayloadTooLarge(
+                    f"event {index} data is {size} bytes; the limit is {settings.max_event_bytes}"
+                )
+    return events
+
+
+def _encode(data: Any) -> bytes:
+    try:
+        return orjson.dumps(data)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
+
+
+async def publish_events(request: Request) -> Response:
+    access.producer(request)
+    state = gateway_state(request)
+    run_id = _run_id(request)
+    token = producer_token(request)
+    body, size = await read_json_object_sized(
+        request, state.settings.max_body_bytes, allow_empty=False
+    )
+    events = parse_events(body, state, size)
+    try:
+        if len(events) == 1:
+            result = await state.bridge.publish(
+                run_id, events[0][0], events[0][1], producer_token=token
+            )
+        else:
+            result = await state.bridge.publish_many(run_id, events, producer_token=token)
+    except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
+        raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
+    state.metrics.events_published.inc(len(result.ids))
+    return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
+
+
+async def end_run(request: Request) -> Response:
+    access.producer(request)
+    state = gateway_state(request)
+    run_id = _run_id(request)
+    token = producer_token(request)
+    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
+    reject_unknown(body, _END_FIELDS)
+    status = check_end_status(req_str(body, "status"))
+    error = opt_object(body, "error")
+    try:
+        result = await state.bridge.publish_end(run_id, status, error, producer_token=token)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidInput(f"error cannot be encoded as JSON: {exc}") from None
+    return json_response({"id": result.id, "deduplicated": result.deduplicated})
+
+
+async def renew_lease(request: Request) -> Response:
+    access.producer(request)
+    state = gateway_state(request)
+    run_id = _run_id(request)
+    token = producer_token(request)
+    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=True)
+    reject_unknown(body, _LEASE_FIELDS)
+    lease = opt_seconds(body, "lease_seconds", maximum=state.settings.max_lease_seconds)
+    lease_state = await state.bridge.renew_lease(run_id, producer_token=token, lease_seconds=lease)
+    return json_response(
+        {
+            "lease_expires_at": lease_state.lease_expires_at,
+            "cancel_requested": lease_state.cancel_requested,
+        }
+    )
+
+
+routes: Final = [
+    Route("/v1/runs", claim_run, methods=["POST"]),
+    Route("/v1/runs/{run_id}/events", publish_events, methods=["POST"]),
+    Route("/v1/runs/{run_id}/end", end_run, methods=["POST"]),
+    Route("/v1/runs/{run_id}/lease", renew_lease, methods=["POST"]),
+]

@@ -1,0 +1,33 @@
+"""`GatewayServer`: a uvicorn server that drains SSE responses when it shuts down.
+
+uvicorn waits for open connections to finish before it runs the lifespan shutdown, and
+it never tells a streaming response that the server is exiting. This subclass drains
+the gateway app first (SSE responses end cleanly, `/wait` answers 202), so clients
+reconnect elsewhere with `Last-Event-ID` and uvicorn's graceful wait completes at once.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import uvicorn
+from starlette.applications import Starlette
+
+from .app import drain
+
+
+class GatewayServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: Starlette | None = None) -> None:
+        super().__init__(config)
+        self._gateway_app = app if app is not None else _find_app(config.app)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._gateway_app is not None:
+            drain(self._gateway_app)
+        await super().shutdown(sockets)
+
+
+def _find_app(app: object) -> Starlette | None:
+    if isinstance(app, Starlette) and hasattr(app.state, "gateway"):
+        return app
+    return None

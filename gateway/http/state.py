@@ -1,0 +1,35 @@
+"""What the routes share, kept on `app.state.gateway`: bridge, settings, registry, auth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from ..bridge.base import StreamBridge
+from ..errors import BridgeClosed
+from ..settings import Settings
+from .auth import Authenticator
+from .metrics import Metrics
+from .subscriptions import SubscriptionRegistry
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    subscriptions: SubscriptionRegistry
+    metrics: Metrics
+    auth: Authenticator
+    bridge_: StreamBridge | None = None
+    started: bool = field(default=False)
+
+    @property
+    def bridge(self) -> StreamBridge:
+        if self.bridge_ is None:
+            raise BridgeClosed("the gateway is not serving (no bridge open)")
+        return self.bridge_
+
+
+def gateway_state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state

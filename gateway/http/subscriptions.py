@@ -1,0 +1,71 @@
+"""Bookkeeping of open subscriptions (SSE responses and `/wait` calls) in this process.
+
+The registry counts what is open (tests assert the SSE count returns to zero after a
+client disconnects), knows which runs have someone waiting on them (the liveness
+monitor checks exactly those runs), and carries the drain signal that ends every open
+SSE response on graceful shutdown.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import anyio
+
+SubscriptionKind = Literal["sse", "wait"]
+
+
+class SubscriptionRegistry:
+    """Counts open subscriptions per kind and per run; single event loop, no locks."""
+
+    def __init__(self) -> None:
+        self._by_kind: Counter[str] = Counter()
+        self._by_run: Counter[str] = Counter()
+        self._draining = anyio.Event()
+
+    @contextmanager
+    def track(self, run_id: str, kind: SubscriptionKind) -> Iterator[None]:
+        """Count one subscription for the duration of the `with` block."""
+        self._by_kind[kind] += 1
+        self._by_run[run_id] += 1
+        try:
+            yield
+        finally:
+            self._by_kind[kind] -= 1
+            self._by_run[run_id] -= 1
+            if self._by_run[run_id] <= 0:
+                del self._by_run[run_id]
+
+    @property
+    def open_sse(self) -> int:
+        """Open SSE responses."""
+        return self._by_kind["sse"]
+
+    @property
+    def open_waits(self) -> int:
+        """Open `/wait` calls."""
+        return self._by_kind["wait"]
+
+    @property
+    def total(self) -> int:
+        return self._by_kind["sse"] + self._by_kind["wait"]
+
+    def watched_runs(self) -> list[str]:
+        """Runs that have at least one open subscription here."""
+        return list(self._by_run)
+
+    # -- graceful shutdown ---------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Ask every open SSE response and `/wait` to finish now (server shutdown)."""
+        self._draining.set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    async def wait_draining(self) -> None:
+        await self._draining.wait()
