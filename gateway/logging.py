@@ -26,7 +26,7 @@ LogFormat = Literal["text", "json"]
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD_ATTRS: Final = frozenset(
     vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None)).keys()
-) | {"message", "asctime", "taskName"}
+) | {"message", "asctime", "taskName", "color_message"}
 
 REDACTED_FIELDS: Final = frozenset(
     {
