@@ -121,7 +121,9 @@ def build_settings(given: dict[str, Any]) -> Settings:
 
 
 def check_startup_policy(settings: Settings) -> None:
-    if settings.jwt_secret is not None and len(settings.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
+    if any(not key.strip() for key in settings.api_keys):
+        raise ConfigError("an API key must not be empty")
+    if settings.jwt_secret and len(settings.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
         raise ConfigError(
             f"jwt_secret must be at least {MIN_JWT_SECRET_BYTES} bytes (HMAC key strength)"
         )

@@ -178,6 +178,8 @@ def assert_config_error(result: subprocess.CompletedProcess[str], needle: str) -
         ([], {"GATEWAY_LOG_FORMAT": "yaml"}, "log_format"),
         ([], {"GATEWAY_LEGACY_END_SCAN": "maybe"}, "legacy_end_scan"),
         (["--jwt-secret", "too-short"], {}, "jwt_secret"),
+        (["--api-key", ""], {}, "API key"),
+        (["--api-key", " ", "--host", "0.0.0.0"], {}, "API key"),
     ],
 )
 def test_invalid_settings_exit_2_with_one_line(
@@ -221,6 +223,7 @@ def test_port_in_use_fails_without_traceback(occupied_port: int) -> None:
         (["--host", "::"], {}),
         (["--host", "192.0.2.10"], {}),
         ([], {"GATEWAY_HOST": "0.0.0.0"}),
+        ([], {"GATEWAY_HOST": "0.0.0.0", "GATEWAY_API_KEY": " , ", "GATEWAY_JWT_SECRET": ""}),
     ],
 )
 def test_non_loopback_without_auth_refuses_to_start(
