@@ -16,10 +16,12 @@ candidate with `session_read` (tombstoned, emptied or unparked sessions are drop
 a compare-and-remove), so a late write racing a retire can at worst leave a stale index
 entry that no reader ever returns.
 
-Read cost of `list_sessions(limit)`: one `ZREVRANGE` of `limit + slack` ids, then one
-pipelined `EVALSHA session_read` per id (two round trips, O(limit) commands, independent
-of the number of sessions). Stale rows make it fetch further windows, at most
-`MAX_WINDOWS`, so a read never does more than a bounded amount of work.
+Read cost of `list_sessions(limit)`: one `ZREVRANGE` of `limit` ids, then one pipelined
+`EVALSHA session_read` per id (two round trips, limit + 1 commands, independent of the
+number of sessions; measured by `bench/sessions_index.py`). Stale rows (dropped with a
+compare-and-remove) make it read further windows of twice the shortfall, at most
+`MAX_WINDOWS` windows, so one read never does more than a bounded amount of work; a
+page may then come back short, and the next read continues the cleanup.
 """
 
 from __future__ import annotations
@@ -222,9 +224,9 @@ class RedisSessionStore:
         limit = parse_limit(limit)
         zset = self._index.parked if parked else self._index.by_activity
         which = "2" if parked else "1"
-        window = limit + limit // 4 + 4
         rows: list[SessionRow] = []
-        start = 0
+        seen: set[str] = set()
+        start, window = 0, limit  # optimistic: most index rows are valid
         for _ in range(MAX_WINDOWS):
             entries = await self._window(zset, start, window)
             if not entries:
@@ -236,13 +238,18 @@ class RedisSessionStore:
                 row = self._row(sid, reply, parked)
                 if row is None:
                     stale += [which, sid, repr(_score(score))]
-                elif len(rows) < limit:
+                elif sid not in seen and len(rows) < limit:
+                    seen.add(sid)
                     rows.append(row)
+            removed = 0
             if stale:
-                await self._script("session_index", self._index.both, ["drop", *stale])
+                removed = int(
+                    await self._script("session_index", self._index.both, ["drop", *stale])
+                )
             if len(rows) >= limit or len(entries) < window:
                 break
-            start += window - len(stale) // 3  # dropped entries shifted the window
+            start += len(entries) - removed  # removed entries shifted the rest up
+            window = 2 * (limit - len(rows)) + 8
         rows.sort(key=lambda r: (r["last_updated"], r["session_id"]), reverse=True)
         return rows[:limit]
 
