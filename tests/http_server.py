@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import uvicorn
 
@@ -75,6 +76,10 @@ class RunningServer:
 
         return self.call(count)
 
+    def wait_open_sse(self, count: int, timeout: float = 5.0) -> None:
+        """Block until the server has exactly `count` open SSE responses."""
+        self.call(lambda: self.state.subscriptions.wait_open_sse(count), timeout)
+
 
 @contextmanager
 def serve(settings: Settings, backend: str = "memory") -> Iterator[RunningServer]:
@@ -126,6 +131,13 @@ def gateway_server(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[
         yield srv
 
 
+@pytest.fixture
+async def client(gateway_server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client for `gateway_server`."""
+    async with httpx.AsyncClient(base_url=gateway_server.base_url, timeout=10) as c:
+        yield c
+
+
 # ----------------------------------------------------------------------------- producer
 
 
@@ -133,13 +145,13 @@ def gateway_server(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[
 class ProducerClient:
     """The producer API through HTTP, for tests."""
 
-    client: Any  # httpx.AsyncClient
+    client: httpx.AsyncClient
     run_id: str
     token: str
     session_id: str | None = None
 
     @classmethod
-    async def claim(cls, client: Any, **body: Any) -> ProducerClient:
+    async def claim(cls, client: httpx.AsyncClient, **body: Any) -> ProducerClient:
         response = await client.post("/v1/runs", json=body)
         assert response.status_code == 201, response.text
         claim = response.json()

@@ -25,12 +25,14 @@ class SubscriptionRegistry:
         self._by_kind: Counter[str] = Counter()
         self._by_run: Counter[str] = Counter()
         self._draining = anyio.Event()
+        self._changed = anyio.Event()
 
     @contextmanager
     def track(self, run_id: str, kind: SubscriptionKind) -> Iterator[None]:
         """Count one subscription for the duration of the `with` block."""
         self._by_kind[kind] += 1
         self._by_run[run_id] += 1
+        self._notify()
         try:
             yield
         finally:
@@ -38,6 +40,16 @@ class SubscriptionRegistry:
             self._by_run[run_id] -= 1
             if self._by_run[run_id] <= 0:
                 del self._by_run[run_id]
+            self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_open_sse(self, count: int) -> None:
+        """Return once exactly `count` SSE responses are open (for tests and drains)."""
+        while self.open_sse != count:
+            await self._changed.wait()
 
     @property
     def open_sse(self) -> int:
