@@ -163,7 +163,7 @@ async def _demo_when_started(
     await run_demo(
         bridge,
         base_url=_display_base_url(server, settings),
-        auth_hint=bool(settings.api_keys or settings.jwt_secret),
+        auth_hint="api_key" if settings.api_keys else "token" if settings.jwt_secret else "none",
     )
 
 

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import anyio
 
@@ -126,8 +126,17 @@ class HttpSink:
         await self._post(f"/v1/runs/{run_id}/end", {"status": status}, producer_token)
 
 
-def watch_command(base_url: str, run_id: str, *, auth: bool = False) -> str:
-    header = ' -H "Authorization: Bearer $GATEWAY_API_KEY"' if auth else ""
+AuthHint = Literal["none", "api_key", "token"]
+
+
+def watch_command(base_url: str, run_id: str, *, auth: AuthHint = "none") -> str:
+    """The curl command that watches a run, with a credential placeholder when needed."""
+    if auth == "api_key":
+        header = ' -H "Authorization: Bearer $GATEWAY_API_KEY"'
+    elif auth == "token":  # needs GATEWAY_JWT_SECRET in the shell
+        header = f' -H "Authorization: Bearer $(gateway token --run {run_id})"'
+    else:
+        header = ""
     return f"curl -N{header} {base_url.rstrip('/')}/v1/runs/{run_id}/stream"
 
 
@@ -143,7 +152,7 @@ async def run_demo_producer(
     sink: DemoSink,
     *,
     base_url: str = "http://127.0.0.1:8000",
-    auth_hint: bool = False,
+    auth_hint: AuthHint = "none",
     stop: anyio.Event | None = None,
     session_id: str = DEMO_SESSION,
     token_delay: float = 0.05,
@@ -198,7 +207,7 @@ async def run_demo(
     stop: anyio.Event | None = None,
     *,
     base_url: str = "http://127.0.0.1:8000",
-    auth_hint: bool = False,
+    auth_hint: AuthHint = "none",
     token_delay: float = 0.05,
     pause: float = 3.0,
     max_runs: int | None = None,
@@ -231,7 +240,7 @@ async def run_demo_http(
     return await run_demo_producer(
         HttpSink(url, api_key),
         base_url=url,
-        auth_hint=bool(api_key),
+        auth_hint="api_key" if api_key else "none",
         stop=stop,
         token_delay=token_delay,
         pause=pause,

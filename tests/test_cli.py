@@ -358,3 +358,25 @@ def test_demo_command_produces_over_http(start_server: Callable[..., Server]) ->
     # Without credentials the same stream is refused.
     assert httpx.get(match.group(1), timeout=5).status_code == 401
     assert server.terminate() == 0
+
+
+@needs_app
+def test_demo_with_jwt_secret_hints_a_token_that_reads_the_run(
+    start_server: Callable[..., Server],
+) -> None:
+    secret = "j" * 64
+    server = start_server("--demo", env=clean_env(GATEWAY_JWT_SECRET=secret))
+    server.wait_healthy()
+    match = wait_for(lambda: WATCH_RE.search(server.log()), 15, "the demo's curl line")
+    run_id = match.group(2)
+    assert f'-H "Authorization: Bearer $(gateway token --run {run_id})"' in match.group(0)
+    minted = gateway("token", "--run", run_id, env=clean_env(GATEWAY_JWT_SECRET=secret))
+    token = minted.stdout.strip()
+    frames = read_demo_stream(f"{match.group(1)}?access_token={token}")
+    assert frames[-1]["event"] == "end"
+    assert token not in server.log()  # access_token is masked in the access log
+    other = gateway("token", "--run", "another-run", env=clean_env(GATEWAY_JWT_SECRET=secret))
+    forbidden = httpx.get(match.group(1), params={"access_token": other.stdout.strip()}, timeout=5)
+    assert forbidden.status_code == 403
+    assert forbidden.json()["error"] == "forbidden"
+    assert server.terminate() == 0

@@ -142,7 +142,8 @@ async def test_cancel_request_ends_the_demo_run_cancelled(
 
 def test_watch_command_mentions_auth_when_needed() -> None:
     assert watch_command("http://h:1/", "r") == "curl -N http://h:1/v1/runs/r/stream"
-    assert "Authorization: Bearer" in watch_command("http://h:1", "r", auth=True)
+    assert "Bearer $GATEWAY_API_KEY" in watch_command("http://h:1", "r", auth="api_key")
+    assert "$(gateway token --run r)" in watch_command("http://h:1", "r", auth="token")
 
 
 # -- log formatters ------------------------------------------------------------------------
