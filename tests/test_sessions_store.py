@@ -543,3 +543,20 @@ async def test_redis_survives_script_flush(stores: Stores) -> None:
         await store.end_turn(s, r, "success", T0 + 2)
         await stores.redis.script_flush()
         assert await store.delete_session(s, retire=False) == [r]
+
+
+async def test_session_rows_for_a_scoped_reader(store: Any) -> None:
+    with anyio.fail_after(TIMEOUT):
+        a, b, c, retired = sid(), sid(), sid(), sid()
+        for i, s in enumerate((a, b, c, retired)):
+            await store.start_turn(s, rid(), message(), T0 + i)
+        await store.apply_events(
+            a, (await store.list_turns(a))[0]["run_id"], [("state", "input-required")], T0 + 10
+        )
+        await store.delete_session(retired, retire=True)
+        rows = await store.session_rows([b, a, retired, sid()])
+        assert ids(rows) == [a, b]
+        assert "last_state" not in rows[0]
+        parked = await store.session_rows([a, b, c], parked=True)
+        assert ids(parked) == [a] and parked[0]["last_state"] == "input-required"
+        assert await store.session_rows([]) == []

@@ -34,6 +34,7 @@ would block it forever. Clear's check and delete are one atomic step on both bac
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Final, Protocol, TypedDict, runtime_checkable
 
 from ..errors import InvalidInput
@@ -112,6 +113,13 @@ class SessionStore(Protocol):
     async def list_sessions(
         self, limit: int = DEFAULT_LIMIT, parked: bool = False
     ) -> list[SessionRow]: ...
+
+    async def session_rows(
+        self, session_ids: Collection[str], parked: bool = False
+    ) -> list[SessionRow]:
+        """The index rows of these sessions only (newest first; at most 200 ids are
+        looked at): what a subscriber token scoped to some sessions may list."""
+        ...
 
     async def list_turns(
         self, session_id: str, limit: int = DEFAULT_LIMIT

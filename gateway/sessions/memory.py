@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from ..names import check_run_id, check_session_id
 from ..settings import Settings
 from ..values import EndStatus
 from . import turns as T
-from .base import DEFAULT_LIMIT, SessionRow, parse_limit
+from .base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from .shaping import shape_input_message
 
 
@@ -128,6 +128,26 @@ class MemorySessionStore:
             if parked and session.last_state is not None:
                 row["last_state"] = session.last_state
             rows.append(row)
+        return rows
+
+    async def session_rows(
+        self, session_ids: Collection[str], parked: bool = False
+    ) -> list[SessionRow]:
+        wanted = {check_session_id(s) for s in list(session_ids)[:MAX_LIMIT]}
+        rows: list[SessionRow] = []
+        for session_id in wanted - self._tombstones.keys():
+            session = self._live_session(session_id)
+            if session is None or (parked and not T.is_parked(session.last_state)):
+                continue
+            row: SessionRow = {
+                "session_id": session_id,
+                "last_updated": session.last_updated,
+                "turn_count": len(session.turns),
+            }
+            if parked and session.last_state is not None:
+                row["last_state"] = session.last_state
+            rows.append(row)
+        rows.sort(key=lambda r: (r["last_updated"], r["session_id"]), reverse=True)
         return rows
 
     async def list_turns(self, session_id: str, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:

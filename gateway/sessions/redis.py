@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -42,7 +42,7 @@ from ..names import check_run_id, check_session_id
 from ..settings import Settings
 from ..values import EndStatus, encode_json
 from . import turns as T
-from .base import DEFAULT_LIMIT, SessionRow, parse_limit
+from .base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from .keys import SessionKeys, check_prefix, index_keys, session_keys
 from .shaping import shape_input_message
 
@@ -252,6 +252,21 @@ class RedisSessionStore:
             window = 2 * (limit - len(rows)) + 8
         rows.sort(key=lambda r: (r["last_updated"], r["session_id"]), reverse=True)
         return rows[:limit]
+
+    async def session_rows(
+        self, session_ids: Collection[str], parked: bool = False
+    ) -> list[SessionRow]:
+        wanted = sorted({check_session_id(s) for s in list(session_ids)[:MAX_LIMIT]})
+        if not wanted:
+            return []
+        replies = await self._read_rows(wanted, 0)
+        rows = [
+            row
+            for sid, reply in zip(wanted, replies, strict=True)
+            if (row := self._row(sid, reply, parked)) is not None
+        ]
+        rows.sort(key=lambda r: (r["last_updated"], r["session_id"]), reverse=True)
+        return rows
 
     async def _window(self, zset: str, start: int, size: int) -> list[tuple[bytes | str, float]]:
         async def read() -> list[tuple[bytes | str, float]]:
