@@ -1,0 +1,136 @@
+"""HTTP session routes (gateway/http/sessions_routes.py) on the memory bridge: limits
+(4xx), scoped-token isolation, retire/clear, and the producer hooks. The store contract
+itself (both backends) is tests/test_sessions_store.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from gateway.bridge.memory import MemoryStreamBridge
+from gateway.http import sessions_routes
+from gateway.http.app import create_app
+from gateway.http.auth import mint_subscriber_token
+from gateway.settings import Settings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+TIMEOUT = 10.0
+KEY = "operator-key-0123456789"
+SECRET = "jwt-secret-0123456789-0123456789-abc"
+OP = {"Authorization": f"Bearer {KEY}"}
+
+
+class _Req:
+    """Just enough of a Request for the producer hooks (they only read `app`)."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[Starlette]:
+    settings = Settings(api_keys=(KEY,), jwt_secret=SECRET)
+    bridge = MemoryStreamBridge(settings)
+    application = create_app(settings, bridge=bridge)
+    if not any(getattr(r, "path", None) == "/v1/sessions" for r in application.routes):
+        application.router.routes.extend(sessions_routes.routes)
+    try:
+        yield application
+    finally:
+        await bridge.close()
+
+
+@pytest.fixture
+async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        yield c
+
+
+async def turn(app: Starlette, session: str, run: str, *events: tuple[str, Any]) -> None:
+    req: Any = _Req(app)
+    await sessions_routes.record_claim(
+        req,
+        session,
+        run,
+        {"messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "q"}]},
+    )
+    await sessions_routes.record_events(req, session, run, list(events))
+
+
+def token(*sessions: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {mint_subscriber_token(SECRET, sessions=sessions)}"}
+
+
+async def test_index_and_turns(app: Starlette, client: httpx.AsyncClient) -> None:
+    with anyio.fail_after(TIMEOUT):
+        await turn(app, "s1", "r1", ("token", "hello"))
+        await turn(app, "s2", "r2", ("state", "input-required"))
+        res = await client.get("/v1/sessions", headers=OP)
+        assert res.status_code == 200
+        assert [r["session_id"] for r in res.json()["sessions"]] == ["s2", "s1"]
+        res = await client.get("/v1/sessions?parked=true&limit=5", headers=OP)
+        assert res.json()["sessions"][0]["last_state"] == "input-required"
+        assert len(res.json()["sessions"]) == 1
+        res = await client.get("/v1/sessions/s1/turns", headers=OP)
+        (t,) = res.json()["turns"]
+        assert t["text"] == "hello" and t["state"] == "running"
+        assert t["history"][0]["parts"] == [{"kind": "text", "text": "q"}]
+
+
+@pytest.mark.parametrize("limit", ["0", "201", "-1", "x", "", "1.5", "%20"])
+async def test_bad_limit_is_4xx(client: httpx.AsyncClient, limit: str) -> None:
+    with anyio.fail_after(TIMEOUT):
+        for path in ("/v1/sessions", "/v1/sessions/s1/turns"):
+            res = await client.get(f"{path}?limit={limit}", headers=OP)
+            assert 400 <= res.status_code < 500, (path, limit, res.status_code)
+            assert res.json()["error"] == "invalid_input"
+        res = await client.get("/v1/sessions?parked=maybe", headers=OP)
+        assert 400 <= res.status_code < 500
+
+
+async def test_scoped_token_isolation(app: Starlette, client: httpx.AsyncClient) -> None:
+    with anyio.fail_after(TIMEOUT):
+        await turn(app, "mine", "r1", ("token", "a"))
+        await turn(app, "theirs", "r2", ("token", "b"))
+        headers = token("mine")
+        res = await client.get("/v1/sessions", headers=headers)
+        assert [r["session_id"] for r in res.json()["sessions"]] == ["mine"]
+        assert (await client.get("/v1/sessions/mine/turns", headers=headers)).status_code == 200
+        res = await client.get("/v1/sessions/theirs/turns", headers=headers)
+        assert res.status_code == 403
+        q = mint_subscriber_token(SECRET, sessions=["mine"])
+        res = await client.get(f"/v1/sessions/theirs/turns?access_token={q}")
+        assert res.status_code == 403
+        assert (await client.get("/v1/sessions")).status_code == 401
+        # subscribers cannot delete
+        assert (await client.delete("/v1/sessions/mine", headers=headers)).status_code in (
+            401,
+            403,
+        )
+
+
+async def test_clear_409_while_running_then_retire(
+    app: Starlette, client: httpx.AsyncClient
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        await turn(app, "s", "r1", ("token", "streaming"))
+        res = await client.delete("/v1/sessions/s?retire=false", headers=OP)
+        assert res.status_code == 409 and res.json()["error"] == "session_active"
+        await sessions_routes.record_end(_Req(app), "s", "r1", "success")  # type: ignore[arg-type]
+        res = await client.delete("/v1/sessions/s?retire=false", headers=OP)
+        assert res.status_code == 200
+        assert res.json() == {"session_id": "s", "retired": False, "removed_runs": ["r1"]}
+        await turn(app, "s", "r2", ("token", "again"))
+        res = await client.delete("/v1/sessions/s", headers=OP)  # default: retire
+        assert res.json()["retired"] is True
+        await turn(app, "s", "r3", ("token", "late"))  # a late producer: dropped
+        assert (await client.get("/v1/sessions", headers=OP)).json() == {"sessions": []}
+        res = await client.get("/v1/sessions/s/turns", headers=OP)
+        assert res.status_code == 200 and res.json() == {"turns": []}
