@@ -560,3 +560,29 @@ async def test_session_rows_for_a_scoped_reader(store: Any) -> None:
         parked = await store.session_rows([a, b, c], parked=True)
         assert ids(parked) == [a] and parked[0]["last_state"] == "input-required"
         assert await store.session_rows([]) == []
+
+
+@pytest.mark.cluster
+async def test_redis_cluster_smoke(redis_cluster: Any, key_prefix: str) -> None:
+    """Every session script is single-slot; the index pipeline spans nodes."""
+    from redis.asyncio import RedisCluster
+
+    with anyio.fail_after(60):
+        client = RedisCluster.from_url(redis_cluster.url)
+        try:
+            store = RedisSessionStore(Settings(redis_key_prefix=key_prefix), client)
+            sessions = [sid() for _ in range(12)]
+            for i, s in enumerate(sessions):
+                r = rid()
+                await store.start_turn(s, r, message(), T0 + i)
+                await store.apply_events(s, r, [("state", "input-required")], T0 + i + 0.5)
+            assert ids(await store.list_sessions(limit=5)) == sessions[::-1][:5]
+            assert len(await store.list_sessions(limit=50, parked=True)) == 12
+            assert len(await store.session_rows(sessions[:4])) == 4
+            assert len(await store.list_turns(sessions[0])) == 1
+            assert len(await store.delete_session(sessions[0], retire=False)) == 1
+            assert len(await store.delete_session(sessions[1], retire=True)) == 1
+            assert not await store.start_turn(sessions[1], rid(), message(), T0 + 99)
+            assert len(await store.list_sessions(limit=50)) == 10
+        finally:
+            await client.aclose()

@@ -17,7 +17,8 @@ a compare-and-remove), so a late write racing a retire can at worst leave a stal
 entry that no reader ever returns.
 
 Read cost of `list_sessions(limit)`: one `ZREVRANGE` of `limit` ids, then one pipelined
-`EVALSHA session_read` per id (two round trips, limit + 1 commands, independent of the
+`EVALSHA session_read` per id (concurrent calls on Cluster, where pipelines refuse
+scripts; two round trips, limit + 1 commands, independent of the
 number of sessions; measured by `bench/sessions_index.py`). Stale rows (dropped with a
 compare-and-remove) make it read further windows of twice the shortfall, at most
 `MAX_WINDOWS` windows, so one read never does more than a bounded amount of work; a
@@ -26,11 +27,13 @@ page may then come back short, and the next read continues the cleanup.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Final, TypeVar
 
+import anyio
 import orjson
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
@@ -67,6 +70,25 @@ def _score(value: bytes | str | float) -> float:
     if isinstance(value, (bytes, str)):
         return float(_text(value))
     return float(value)
+
+
+async def _gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    """Run the calls concurrently; results in order; the first failure is re-raised."""
+    results: list[Any] = [None] * len(calls)
+    failures: list[BaseException] = []
+
+    async def one(index: int, call: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            results[index] = await call()
+        except Exception as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for index, call in enumerate(calls):
+            tg.start_soon(one, index, call)
+    if failures:
+        raise failures[0]
+    return results
 
 
 class RedisSessionStore:
@@ -301,6 +323,13 @@ class RedisSessionStore:
     async def _read_rows(self, session_ids: list[str], want_ids: int) -> list[Any]:
         """`session_read` for each id, pipelined (one round trip; per node in Cluster)."""
         script = self._scripts["session_read"]
+        if isinstance(self._redis, RedisCluster):
+            # a cluster pipeline refuses EVALSHA: run the per-slot scripts concurrently
+            calls = [
+                functools.partial(script, keys=self._keys(sid).lists, args=[PRUNE_BUDGET, want_ids])
+                for sid in session_ids
+            ]
+            return await self._call(lambda: _gather(calls))
 
         async def run() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
