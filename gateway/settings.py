@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     redis_key_prefix: str = "gw:"
     redis_max_connections: int = Field(64, ge=2)
+    # Newest entries of each run kept in process for its local subscribers (Redis).
+    fanout_window_events: int = Field(1_024, ge=16)
 
     max_events_per_run: int = Field(10_000, ge=1)
     stream_ttl_seconds: float = Field(

@@ -10,7 +10,8 @@
 -- ARGV[3]  rolling TTL of the run's keys, ms
 -- ARGV[4..] event name, JSON payload, event name, JSON payload, ...
 --
--- Every publish renews the lease by the length the producer claimed it for.
+-- Every publish renews the lease by the length the producer claimed it for, and
+-- PUBLISHes on the channel named like the log key so following gateways wake.
 --
 -- Returns {"ok", cancel_requested (0|1), id, id, ...}
 --       | {"fenced", "token" | "lease_expired"}
@@ -56,4 +57,6 @@ redis.call('HSET', KEYS[1],
   'updated', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+-- Wake the gateways following this run (the channel is the log key's name).
+redis.call('PUBLISH', KEYS[2], '')
 return reply

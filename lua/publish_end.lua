@@ -78,4 +78,5 @@ else
   end_id = redis.call('XADD', KEYS[2], '*', 'end', ARGV[2])
 end
 settle(end_id, ARGV[2])
+redis.call('PUBLISH', KEYS[2], '')  -- wake the gateways following this run
 return {'ok', end_id, 0}

@@ -14,9 +14,13 @@
 --   status   the run record's status when the log is missing, else ""
 local exists = redis.call('EXISTS', KEYS[2])
 local trimmed = redis.call('HGET', KEYS[1], 'trimmed') or ''
-local start = ARGV[1]
-if start ~= '-' then start = '(' .. start end
-local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', tonumber(ARGV[2]))
+local entries = {}
+if ARGV[1] == '-' then
+  entries = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', tonumber(ARGV[2]))
+elseif ARGV[1] ~= '18446744073709551615-18446744073709551615' then
+  -- (nothing can follow the largest id, and XRANGE refuses an exclusive start there)
+  entries = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
+end
 local tail = ''
 if #entries == 0 then
   tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1] or ''

@@ -19,11 +19,12 @@ from .redis import RedisStreamBridge
 
 @asynccontextmanager
 async def open_bridge(settings: Settings) -> AsyncIterator[StreamBridge]:
-    bridge: StreamBridge
-    if settings.redis_url is None:
-        bridge = MemoryStreamBridge(settings)
-    else:
-        bridge = RedisStreamBridge.connect(settings)
+    if settings.redis_url is not None:
+        # Its own context owns the change-notification listener; teardown is shielded.
+        async with RedisStreamBridge.connect(settings) as redis_bridge:
+            yield redis_bridge
+        return
+    bridge = MemoryStreamBridge(settings)
     try:
         yield bridge
     finally:

@@ -14,8 +14,11 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
+import anyio
 import orjson
+from anyio.abc import TaskGroup
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -47,6 +50,7 @@ from ..values import (
     encode_json,
 )
 from .keys import FIELD_END, FIELD_ERROR, RunKeys, check_prefix, run_keys
+from .redis_fanout import Notifier
 from .scripts import lua_source
 
 RedisClient = Redis | RedisCluster
@@ -76,7 +80,7 @@ def _entry_item(entry_id: str, fields: list[bytes]) -> StreamEvent | End:
     return StreamEvent(id=entry_id, event=_text(pairs[b"e"]), data=pairs[b"d"])
 
 
-def _connect(settings: Settings, *, blocking_reads: bool) -> RedisClient:
+def _connect(settings: Settings) -> RedisClient:
     url = settings.redis_url
     assert url is not None
     scheme, sep, rest = url.partition("://")
@@ -85,34 +89,75 @@ def _connect(settings: Settings, *, blocking_reads: bool) -> RedisClient:
             f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}",
             max_connections=settings.redis_max_connections,
         )
+    # Waiting for a free connection is bounded: past it the caller sees BackendUnavailable.
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=settings.redis_max_connections, timeout=None if blocking_reads else 5
+        url, max_connections=settings.redis_max_connections, timeout=10
     )
     return Redis(connection_pool=pool)
 
 
-class RedisStreamBridge:
-    """StreamBridge on Redis Streams; build it with `open_bridge` or `connect`."""
+def _notification_client(commands: RedisClient, settings: Settings) -> Callable[[], Redis]:
+    """A factory of the one pub/sub connection: to the server, or to any cluster node."""
+    url = settings.redis_url
+    assert url is not None
+    if isinstance(commands, Redis):
+        return lambda: Redis.from_url(url)
+    scheme, _, rest = url.partition("://")
+    parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+    userinfo = parts.netloc.rpartition("@")[0]
 
-    def __init__(self, settings: Settings, commands: RedisClient, reads: RedisClient) -> None:
+    def any_node() -> Redis:
+        nodes = commands.get_nodes() or [commands.get_default_node()]
+        node = nodes[int(time.monotonic() * 1000) % len(nodes)]  # rotate across reconnects
+        netloc = f"{userinfo}@{node.host}:{node.port}" if userinfo else f"{node.host}:{node.port}"
+        return Redis.from_url(parts._replace(netloc=netloc, query="").geturl())
+
+    return any_node
+
+
+class RedisStreamBridge:
+    """StreamBridge on Redis Streams.
+
+    Use it as an async context manager (`open_bridge` does): it owns the task that
+    listens for change notifications.
+    """
+
+    def __init__(self, settings: Settings, commands: RedisClient) -> None:
         self._settings = settings
         self._prefix = check_prefix(settings.redis_key_prefix)
-        self._redis = commands  # short commands and scripts
-        self._reads = reads  # blocking XREADs hold a connection each; keep them apart
+        self._redis = commands
         self._closed = False
         self._scripts: dict[str, AsyncScript] = {
             name: commands.register_script(lua_source(name))
             for name in ("claim", "publish", "publish_end", "renew_lease", "read", "cancel")
         }
-        self._read_script = reads.register_script(lua_source("read"))
+        self._notifier = Notifier(
+            _notification_client(commands, settings), settings.fanout_window_events
+        )
+        self._task_group: TaskGroup | None = None
 
     @classmethod
     def connect(cls, settings: Settings) -> RedisStreamBridge:
-        return cls(
-            settings,
-            _connect(settings, blocking_reads=False),
-            _connect(settings, blocking_reads=True),
-        )
+        return cls(settings, _connect(settings))
+
+    async def __aenter__(self) -> RedisStreamBridge:
+        if isinstance(self._redis, RedisCluster):
+            try:
+                await self._redis.initialize()  # learn the nodes before picking one to listen to
+            except (*_BACKEND_ERRORS, redis_errors.RedisError) as exc:
+                raise BackendUnavailable(f"Redis Cluster is unavailable: {exc}") from exc
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        await self._task_group.start(self._notifier.run)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.close()
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
+            await self._task_group.__aexit__(None, None, None)
+            self._task_group = None
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -260,6 +305,8 @@ class RedisStreamBridge:
             await self._call(lambda: self._redis.pexpire(keys.log, _ms(delay)))
         else:
             await self._call(lambda: self._redis.delete(keys.log))
+            # Wake local feeds of every gateway so readers learn of the removal now.
+            await self._call(lambda: self._redis.publish(keys.log, b""))
 
     # -- reader side ------------------------------------------------------------
 
@@ -311,7 +358,7 @@ class RedisStreamBridge:
         )
 
     async def _read(self, keys: RunKeys, after: str) -> list[Any]:
-        script = self._read_script
+        script = self._scripts["read"]
         reply: list[Any] = await self._call(
             lambda: script(keys=list(keys.both), args=[after, READ_BATCH])
         )
@@ -333,14 +380,6 @@ class RedisStreamBridge:
             return None
         return _text(reply[0][0]), _flatten(reply[0][1])
 
-    async def _wait_for_entries(self, keys: RunKeys, after: str, block_seconds: float) -> bool:
-        """Block until the log has something after `after`, or `block_seconds` pass."""
-        position = "0-0" if after == "-" else after
-        reply = await self._call(
-            lambda: self._reads.xread({keys.log: position}, count=1, block=_ms(block_seconds))
-        )
-        return bool(reply)
-
     async def subscribe(
         self,
         run_id: str,
@@ -353,66 +392,79 @@ class RedisStreamBridge:
             if heartbeat_interval is None
             else heartbeat_interval
         )
-        cursor: EventKey | None = None
-        position = "-"  # read after this id; "-" is "from the earliest retained"
+        position = "-"  # delivered up to here; "-" is "nothing yet, from the earliest"
+        check_gap = False  # a reader without a cursor replays whatever is retained
+        newest = await self._tail(keys)
         if last_event_id is not None:
             try:
-                cursor = parse_cursor(last_event_id)
-                position = format_key(cursor)
+                position = format_key(parse_cursor(last_event_id))
+                check_gap = True
             except MalformedCursor:
                 # Active stream: live tail only. Ended stream: replay through END.
-                newest = await self._tail(keys)
                 if newest is not None and not _is_end(newest[1]):
                     position = newest[0]
-        check_gap = cursor is not None
-        seen_stream = False
+        seen_stream = newest is not None
+        caught_up = False  # reading Redis directly until we reach the shared window
         idle_since = time.monotonic()
-        while True:
-            exists, trimmed, entries, tail, status = await self._read(keys, position)
-            if exists:
-                seen_stream = True
-            elif seen_stream:
-                yield StreamGap(last_event_id_or(position), None, None, "stream_removed")
-                return
-            elif status and _text(status) != "running":
-                # The log of an ended run is gone but its record remains: never hang.
-                yield End(status=_text(status))  # type: ignore[arg-type]
-                return
-            behind = check_gap and trimmed and position != "-"
-            if behind and parse_cursor(position) < parse_cursor(_text(trimmed)):
-                # Something after our position was trimmed before we read it.
-                earliest, latest = await self._bounds(keys)
-                yield StreamGap(position, earliest, latest, "trimmed")
-                return
-            if entries:
-                for raw_id, fields in entries:
-                    item = _entry_item(_text(raw_id), fields)
-                    yield item
-                    if isinstance(item, End):
-                        return
-                    position = item.id
-                check_gap = True
-                idle_since = time.monotonic()
-                continue
-            if tail and _is_end(tail[1]):
-                # The cursor is at or past the END entry: the run is over.
-                yield _entry_item(_text(tail[0]), tail[1])
-                return
-            remaining = interval - (time.monotonic() - idle_since)
-            if remaining <= 0:
-                yield HEARTBEAT
-                idle_since = time.monotonic()
-                continue
-            try:
-                await self._wait_for_entries(keys, position, remaining)
-            except BridgeClosed:
-                yield StreamGap(last_event_id_or(position), None, None, "bridge_closed")
-                return
-            except BackendUnavailable:
-                if self._closed:
-                    yield StreamGap(last_event_id_or(position), None, None, "bridge_closed")
+        async with self._notifier.attach(keys, newest[0] if newest else "0-0") as feed:
+            while True:
+                if self._closed or feed.closed:
+                    yield StreamGap(_requested(position), None, None, "bridge_closed")
                     return
-                raise
+                try:
+                    if feed.stale:
+                        await feed.refresh(self._read, _entry_item, READ_BATCH)
+                    window = feed.after(_position_key(position)) if caught_up else None
+                    if window is None:
+                        direct = await self._read(keys, position)
+                except (BridgeClosed, BackendUnavailable):
+                    if self._closed:
+                        continue
+                    raise
+                if window is None:
+                    exists, trimmed, entries, tail, status = direct
+                    if exists:
+                        seen_stream = True
+                    elif seen_stream:
+                        yield StreamGap(_requested(position), None, None, "stream_removed")
+                        return
+                    elif status and _text(status) != "running":
+                        # The log of an ended run is gone but its record remains.
+                        yield End(status=_text(status))  # type: ignore[arg-type]
+                        return
+                    behind = check_gap and trimmed and position != "-"
+                    if behind and parse_cursor(position) < parse_cursor(_text(trimmed)):
+                        # Something after our position was trimmed before we read it.
+                        earliest, latest = await self._bounds(keys)
+                        yield StreamGap(position, earliest, latest, "trimmed")
+                        return
+                    if tail and _is_end(tail[1]):
+                        # The cursor is at or past the END entry: the run is over.
+                        yield _entry_item(_text(tail[0]), tail[1])
+                        return
+                    window = [_entry_item(_text(i), fields) for i, fields in entries]
+                    caught_up = not window
+                if window:
+                    for item in window:
+                        yield item
+                        if isinstance(item, End):
+                            return
+                        position = item.id
+                    check_gap = True
+                    idle_since = time.monotonic()
+                    continue
+                if feed.removed:
+                    yield StreamGap(_requested(position), None, None, "stream_removed")
+                    return
+                now = time.monotonic()
+                if now - idle_since >= interval:
+                    if now - feed.last_read >= interval:
+                        feed.mark_stale()  # a lost notification costs one interval at most
+                    yield HEARTBEAT
+                    idle_since = time.monotonic()
+                    continue
+                if not feed.stale:
+                    await feed.wait(interval - (now - idle_since))
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -423,18 +475,21 @@ class RedisStreamBridge:
         if self._closed:
             return
         self._closed = True
-        # Closing the reader connections wakes every blocked XREAD at once.
-        for client in (self._reads, self._redis):
-            try:
-                if isinstance(client, RedisCluster):
-                    await client.aclose()
-                else:
-                    await client.aclose(close_connection_pool=True)
-            except (*_BACKEND_ERRORS, redis_errors.RedisError):
-                pass
+        self._notifier.close()  # wakes every waiting subscriber
+        try:
+            if isinstance(self._redis, RedisCluster):
+                await self._redis.aclose()
+            else:
+                await self._redis.aclose(close_connection_pool=True)
+        except (*_BACKEND_ERRORS, redis_errors.RedisError):
+            pass
 
 
-def last_event_id_or(position: str) -> str | None:
+def _position_key(position: str) -> EventKey:
+    return (0, 0) if position == "-" else parse_cursor(position)
+
+
+def _requested(position: str) -> str | None:
     return None if position == "-" else position
 
 

@@ -1,0 +1,234 @@
+"""Per-process fan-out for the Redis bridge: a run's log is read from Redis once per change
+and shared by every local subscriber of that run.
+
+- Every write script PUBLISHes on the run's channel (the log key's name). One pub/sub
+  connection per process (`Notifier`) hears it and marks the run's feed stale. Classic
+  pub/sub is broadcast to every node of a Redis Cluster, so one connection to any node
+  is enough there too.
+- A `RunFeed` per run with local subscribers keeps a bounded window of its newest
+  entries. Whichever subscriber wakes first reads the new entries with `read.lua`
+  (under the feed's lock); the others take them from the window.
+- A subscriber whose position is older than the window (replaying, or lagging behind a
+  fast producer) reads Redis directly from its own cursor, with exact gap detection,
+  until it reaches the window. A slow client therefore never holds up the feed or the
+  other subscribers.
+
+Redis connections held by a process: the bounded command pool plus one pub/sub
+connection, whatever the number of subscribers or runs. Lost notifications (a pub/sub
+reconnect) cost at most one heartbeat interval: idle subscribers re-read the feed then.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from ..cursor import EventKey, parse_cursor
+from ..values import End, StreamEvent
+from .keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+Entry = StreamEvent | End
+ReadLog = Callable[[RunKeys, str], Awaitable[list[Any]]]
+ToEntry = Callable[[str, list[bytes]], Entry]
+
+
+class RunFeed:
+    """The shared window of one run's newest entries, contiguous after `base`."""
+
+    def __init__(self, keys: RunKeys, start: str, window: int) -> None:
+        self.keys = keys
+        self.base = start  # every entry after `base` up to `head` is in `items`
+        self.head = start  # the next read starts after this id
+        self._base_key = parse_cursor(start)
+        self._keys_window: list[EventKey] = []
+        self.items: list[Entry] = []
+        self._window = window
+        self.stale = True  # a change may be waiting in Redis
+        self.removed = False
+        self.closed = False
+        self.last_read = 0.0
+        self.users = 0
+        self._seen = False
+        self._lock = anyio.Lock()
+        self._changed = anyio.Event()
+
+    # -- what subscribers see ----------------------------------------------------
+
+    def after(self, position: EventKey) -> list[Entry] | None:
+        """Entries after `position`, or None when it is older than the window."""
+        if position < self._base_key:
+            return None
+        entries = self.items[bisect_right(self._keys_window, position) :]
+        if not entries and self.items and isinstance(self.items[-1], End):
+            return self.items[-1:]  # a cursor past the END entry still learns the run ended
+        return entries
+
+    async def wait(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await self._changed.wait()
+
+    def wake(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def mark_stale(self) -> None:
+        self.stale = True
+        self.wake()
+
+    # -- reading Redis ----------------------------------------------------------
+
+    async def refresh(self, read: ReadLog, to_entry: ToEntry, batch: int) -> None:
+        """Pull everything new since `head` into the window (one reader at a time)."""
+        async with self._lock:
+            if not self.stale:
+                return  # another subscriber read it while we queued for the lock
+            self.stale = False
+            try:
+                while True:
+                    exists, trimmed, entries, _tail, _status = await read(self.keys, self.head)
+                    if not exists:
+                        self.removed = self._seen
+                        break
+                    self._seen = True
+                    if trimmed and parse_cursor(self.head) < parse_cursor(_text(trimmed)):
+                        # The feed itself fell out of retention (a burst larger than the
+                        # retained window between two reads): restart the window at the
+                        # trim boundary; subscribers behind it find their gap in Redis.
+                        self._reset(_text(trimmed))
+                        continue
+                    for raw_id, fields in entries:
+                        self._append(to_entry(_text(raw_id), fields))
+                    if len(entries) < batch:
+                        break
+            except BaseException:
+                self.stale = True
+                raise
+            finally:
+                self.last_read = time.monotonic()
+                self.wake()
+
+    def _append(self, entry: Entry) -> None:
+        assert entry.id is not None
+        self.items.append(entry)
+        self._keys_window.append(parse_cursor(entry.id))
+        self.head = entry.id
+        excess = len(self.items) - self._window
+        if excess > self._window // 4:  # drop in chunks: amortised O(1) per entry
+            dropped = self.items[excess - 1].id
+            assert dropped is not None
+            del self.items[:excess]
+            del self._keys_window[:excess]
+            self.base = dropped
+            self._base_key = parse_cursor(dropped)
+
+    def _reset(self, start: str) -> None:
+        self.items.clear()
+        self._keys_window.clear()
+        self.base = self.head = start
+        self._base_key = parse_cursor(start)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Notifier:
+    """Owns the process's pub/sub connection and the registry of live feeds."""
+
+    def __init__(self, connect: Callable[[], Redis], window: int) -> None:
+        self._connect = connect
+        self._window = window
+        self._feeds: dict[str, RunFeed] = {}
+        self._pubsub: Any = None
+        self._closed = False
+
+    @asynccontextmanager
+    async def attach(self, keys: RunKeys, start: str) -> AsyncIterator[RunFeed]:
+        """Share the run's feed (created at `start`, the log's current tail, if new)."""
+        feed = self._feeds.get(keys.log)
+        if feed is None or feed.removed:
+            feed = RunFeed(keys, start, self._window)
+            feed.closed = self._closed
+            self._feeds[keys.log] = feed
+            await self._subscribe(keys.log)
+        feed.users += 1
+        try:
+            yield feed
+        finally:
+            feed.users -= 1
+            if feed.users == 0 and self._feeds.get(keys.log) is feed:
+                del self._feeds[keys.log]
+                with anyio.CancelScope(shield=True):
+                    await self._unsubscribe(keys.log)
+
+    async def _subscribe(self, channel: str) -> None:
+        if self._pubsub is None:
+            return  # the listener subscribes every live feed when it (re)connects
+        try:
+            await self._pubsub.subscribe(channel)
+        except (redis_errors.RedisError, OSError):
+            log.debug("subscribe to %s deferred to the next reconnect", channel)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        if self._pubsub is None:
+            return
+        with suppress(redis_errors.RedisError, OSError):
+            await self._pubsub.unsubscribe(channel)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listen for change notifications until cancelled, reconnecting on failure."""
+        started = False
+        backoff = 0.05
+        while True:
+            client = self._connect()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                # A private channel keeps the connection subscribed while no run is.
+                await pubsub.subscribe("gateway:notifier", *self._feeds)
+                self._pubsub = pubsub
+                for feed in list(self._feeds.values()):
+                    feed.mark_stale()  # whatever happened while we were away
+                if not started:
+                    started = True
+                    task_status.started()
+                backoff = 0.05
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is None:
+                        continue
+                    changed = self._feeds.get(_text(message["channel"]))
+                    if changed is not None:
+                        changed.mark_stale()
+            except (redis_errors.RedisError, OSError) as exc:
+                log.warning("change notifications interrupted: %s", exc)
+            finally:
+                self._pubsub = None
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                        await client.aclose()
+                    except (redis_errors.RedisError, OSError):
+                        pass
+            if not started:
+                started = True
+                task_status.started()
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def close(self) -> None:
+        """Wake every subscriber so it notices the bridge is closed."""
+        self._closed = True
+        for feed in self._feeds.values():
+            feed.closed = True
+            feed.wake()
