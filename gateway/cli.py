@@ -359,6 +359,33 @@ def token(
     )
 
 
+@cli.group(name="legacy-end-scan")
+def legacy_end_scan() -> None:
+    """Tools for retiring the legacy END scan (see docs/operations.md)."""
+
+
+@legacy_end_scan.command(name="audit")
+@click.option("--redis-url", envvar="GATEWAY_REDIS_URL", required=True, help="Redis URL.")
+@click.option("--prefix", envvar="GATEWAY_REDIS_KEY_PREFIX", default="gw:", show_default=True)
+@click.option("--count", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--json", "as_json", is_flag=True, default=False, help="One JSON object.")
+def legacy_end_scan_audit(redis_url: str, prefix: str, count: int, as_json: bool) -> None:
+    """Read-only: may the legacy END scan be turned off? Exit 0 now, 1 later, 2 never."""
+    from redis.exceptions import RedisError
+
+    from .audit import EXIT_REDIS_ERROR, connect, render, run_audit
+    from .errors import InvalidInput
+
+    try:
+        report = run_audit(connect(redis_url), prefix, count)
+    except InvalidInput as exc:
+        _fail(str(exc))
+    except (RedisError, OSError, ValueError) as exc:
+        _fail(f"Redis: {exc}", EXIT_REDIS_ERROR)
+    click.echo(render(report, as_json))
+    sys.exit(report.exit_code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: click errors become one stderr line and exit code 2."""
     try:
