@@ -91,12 +91,14 @@ class Claim:
 class PublishResult:
     ids: tuple[str, ...]
     cancel_requested: bool
+    session_id: str | None = None  # the run's session, so callers can update its turn
 
 
 @dataclass(frozen=True, slots=True)
 class EndResult:
     id: str | None  # None only for a recovery END that found no stream (a no-op)
     deduplicated: bool
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,14 @@
 -- Every publish renews the lease by the length the producer claimed it for, and
 -- PUBLISHes on the channel named like the log key so following gateways wake.
 --
--- Returns {"ok", cancel_requested (0|1), id, id, ...}
+-- Returns {"ok", cancel_requested (0|1), session_id_or_"", id, id, ...}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms')
+local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
+  'session')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -37,7 +38,7 @@ if tonumber(meta[2] or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 
-local reply = {'ok', meta[4] == '1' and 1 or 0}
+local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
 for i = 4, #ARGV, 2 do
   reply[#reply + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
 end

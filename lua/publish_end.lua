@@ -15,13 +15,14 @@
 -- ARGV[5]  how long the finished log stays readable, ms
 -- ARGV[6]  TTL of the run record after END, ms
 --
--- Returns {"ok", end_id, deduplicated (0|1)}
+-- Returns {"ok", end_id, deduplicated (0|1), session_id_or_""}
 --       | {"noop"}                         recovery END on a missing stream: nothing created
 --       | {"fenced", "token" | "lease_expired" | "lease_live"}
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id')
+local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id', 'session')
+local session = meta[5] or ''
 local lease_until = tonumber(meta[2] or '0')
 local exists = redis.call('EXISTS', KEYS[2]) == 1
 
@@ -46,10 +47,10 @@ end
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 if tail and tail[2][1] == 'end' then
   if meta[3] == 'running' or not meta[3] then settle(tail[1], tail[2][2]) end
-  return {'ok', tail[1], 1}
+  return {'ok', tail[1], 1, session}
 end
 if not tail and meta[3] and meta[3] ~= 'running' then
-  return {'ok', meta[4] or '', 1}
+  return {'ok', meta[4] or '', 1, session}
 end
 -- Repeating an END is idempotent even after the lease lapsed; a first END is not.
 if ARGV[1] ~= '' and lease_until <= now then
@@ -63,7 +64,7 @@ if ARGV[4] == '1' and tail then
     for _, entry in ipairs(page) do
       if entry[2][1] == 'end' then
         settle(entry[1], entry[2][2])
-        return {'ok', entry[1], 1}
+        return {'ok', entry[1], 1, session}
       end
     end
     if #page < 512 then break end
@@ -79,4 +80,4 @@ else
 end
 settle(end_id, ARGV[2])
 redis.call('PUBLISH', KEYS[2], '')  -- wake the gateways following this run
-return {'ok', end_id, 0}
+return {'ok', end_id, 0, session}

@@ -217,7 +217,7 @@ class MemoryStreamBridge:
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
         self._touch(run, self._settings.stream_ttl_seconds)
-        return PublishResult(tuple(ids), run.cancel_requested)
+        return PublishResult(tuple(ids), run.cancel_requested, run.session_id)
 
     async def publish_end(
         self,
@@ -239,7 +239,7 @@ class MemoryStreamBridge:
         elif run is not None and self._clock() < run.lease_expires_at:
             raise ProducerFenced(f"run {run_id} has a live producer")
         if run is not None and run.status != "running":
-            return EndResult(run.end_id, True)  # at most one END per run, even after cleanup
+            return EndResult(run.end_id, True, run.session_id)  # one END per run, ever
         if run is None or (run.gen is None and producer_token is None):
             return EndResult(None, False)  # recovery END on a missing log creates nothing
         gen = run.gen if run.gen is not None else self._new_generation(run)
@@ -249,7 +249,7 @@ class MemoryStreamBridge:
         run.updated_at = self._clock()
         self._touch(run, self._settings.ended_ttl_seconds)  # finished logs stay readable
         self._wake_soon(gen)
-        return EndResult(end_id, False)
+        return EndResult(end_id, False, run.session_id)
 
     # ------------------------------------------------------------------ subscribers
 

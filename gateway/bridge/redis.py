@@ -22,6 +22,8 @@ from anyio.abc import TaskGroup
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from ..cursor import EventKey, MalformedCursor, format_key, parse_cursor
@@ -59,6 +61,17 @@ T = TypeVar("T")
 READ_BATCH: Final = 512
 CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+# Replies meaning the server refused the command without running it (a cluster in
+# failover, a slot being moved): a write may be re-sent after these, and only these.
+_REFUSED_ERRORS: Final = (
+    redis_errors.BusyLoadingError,  # still loading its AOF/RDB after a restart
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
+    redis_errors.TryAgainError,
+)
+# Bridge-level retries of one operation (and the first backoff, doubled each time).
+RETRIES: Final = 4
+RETRY_BACKOFF: Final = 0.05
 
 
 def _text(value: bytes | str) -> str:
@@ -80,7 +93,23 @@ def _entry_item(entry_id: str, fields: list[bytes]) -> StreamEvent | End:
     return StreamEvent(id=entry_id, event=_text(pairs[b"e"]), data=pairs[b"d"])
 
 
+def _no_retry() -> Retry:
+    return Retry(NoBackoff(), 0)
+
+
 def _connect(settings: Settings) -> RedisClient:
+    """The command client, with redis-py's own retries switched off.
+
+    redis-py (8.x) re-sends a command up to 10 times on a ConnectionError/TimeoutError,
+    also when the command may already have run (the reply was lost): for a publish
+    script that is a silently duplicated event. So redis-py never retries here; the
+    bridge does (`_call`): reads on any backend error, writes only on replies that say
+    the server refused the command without running it (CLUSTERDOWN, TRYAGAIN, an
+    uncovered slot). Any other failure of a write reaches the caller as
+    BackendUnavailable (HTTP 503): the write may or may not have been applied, and the
+    producer can find out from the run's `last_event_id`. MOVED/ASK redirections are
+    followed by the cluster client itself (the command was not run where it was refused).
+    """
     url = settings.redis_url
     assert url is not None
     scheme, sep, rest = url.partition("://")
@@ -88,10 +117,11 @@ def _connect(settings: Settings) -> RedisClient:
         return RedisCluster.from_url(
             f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}",
             max_connections=settings.redis_max_connections,
+            retry=_no_retry(),
         )
     # Waiting for a free connection is bounded: past it the caller sees BackendUnavailable.
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=settings.redis_max_connections, timeout=10
+        url, max_connections=settings.redis_max_connections, timeout=10, retry=_no_retry()
     )
     return Redis(connection_pool=pool)
 
@@ -136,6 +166,11 @@ class RedisStreamBridge:
         )
         self._task_group: TaskGroup | None = None
 
+    @property
+    def client(self) -> RedisClient:
+        """The command client, for stores that live beside the runs (sessions)."""
+        return self._redis
+
     @classmethod
     def connect(cls, settings: Settings) -> RedisStreamBridge:
         return cls(settings, _connect(settings))
@@ -164,21 +199,34 @@ class RedisStreamBridge:
     def _keys(self, run_id: str) -> RunKeys:
         return run_keys(self._prefix, check_run_id(run_id))
 
-    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
-        if self._closed:
-            raise BridgeClosed("the bridge is closed")
-        try:
-            return await operation()
-        except _BACKEND_ERRORS as exc:
-            raise BackendUnavailable(f"Redis is unavailable: {exc}") from exc
-        except redis_errors.RedisError as exc:
+    async def _call(self, operation: Callable[[], Awaitable[T]], *, resend: bool = True) -> T:
+        """Run one Redis operation, retried a few times; with `resend=False` only after a
+        refusal (the operation did not run), never after a connection failure."""
+        attempt = 0
+        while True:
             if self._closed:
-                raise BridgeClosed("the bridge is closed") from exc
-            raise BackendUnavailable(f"Redis error: {exc}") from exc
+                raise BridgeClosed("the bridge is closed")
+            try:
+                return await operation()
+            except _REFUSED_ERRORS as exc:
+                if attempt >= RETRIES:
+                    raise BackendUnavailable(f"Redis error: {exc}") from exc
+            except _BACKEND_ERRORS as exc:
+                if not resend or attempt >= RETRIES:
+                    raise BackendUnavailable(f"Redis is unavailable: {exc}") from exc
+            except redis_errors.RedisError as exc:
+                if self._closed:
+                    raise BridgeClosed("the bridge is closed") from exc
+                raise BackendUnavailable(f"Redis error: {exc}") from exc
+            await anyio.sleep(RETRY_BACKOFF * 2**attempt)
+            attempt += 1
 
     async def _script(self, name: str, keys: RunKeys, *args: bytes | str | int) -> Any:
+        """A write script: never re-sent after it may have run (see `_connect`)."""
         script = self._scripts[name]
-        return await self._call(lambda: script(keys=list(keys.both), args=list(args)))
+        return await self._call(
+            lambda: script(keys=list(keys.both), args=list(args)), resend=False
+        )
 
     def _lease_ms(self, lease_seconds: float | None) -> int:
         seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
@@ -265,7 +313,9 @@ class RedisStreamBridge:
         reply = await self._script("publish", keys, *args)
         self._raise_refusal(run_id, reply)
         return PublishResult(
-            ids=tuple(_text(entry_id) for entry_id in reply[2:]), cancel_requested=reply[1] == 1
+            ids=tuple(_text(entry_id) for entry_id in reply[3:]),
+            cancel_requested=reply[1] == 1,
+            session_id=_text(reply[2]) or None,
         )
 
     async def publish_end(
@@ -292,12 +342,16 @@ class RedisStreamBridge:
         if _text(reply[0]) == "noop":
             return EndResult(id=None, deduplicated=False)
         self._raise_refusal(run_id, reply)
-        return EndResult(id=_text(reply[1]) or None, deduplicated=reply[2] == 1)
+        return EndResult(
+            id=_text(reply[1]) or None,
+            deduplicated=reply[2] == 1,
+            session_id=_text(reply[3]) or None,
+        )
 
     async def request_cancel(self, run_id: str) -> bool:
         keys = self._keys(run_id)
         script = self._scripts["cancel"]
-        return bool(await self._call(lambda: script(keys=[keys.meta])))
+        return bool(await self._call(lambda: script(keys=[keys.meta]), resend=False))
 
     async def cleanup(self, run_id: str, delay: float = 0) -> None:
         keys = self._keys(run_id)
@@ -469,7 +523,7 @@ class RedisStreamBridge:
     # -- lifecycle --------------------------------------------------------------
 
     async def ping(self) -> None:
-        await self._call(self._redis.ping)
+        await self._call(self._redis.ping, resend=False)  # readiness: no retry delay
 
     async def close(self) -> None:
         if self._closed:

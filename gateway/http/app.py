@@ -24,8 +24,9 @@ from starlette.routing import Route
 
 from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
+from ..sessions.provider import session_store_for
 from ..settings import Settings
-from . import langgraph, operator, ops, producer, subscriber
+from . import langgraph, operator, ops, producer, sessions_routes, subscriber
 from .auth import Authenticator
 from .errors import install_error_handlers
 from .liveness import monitor
@@ -48,6 +49,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         metrics=Metrics(subscriptions),
         auth=Authenticator.from_settings(settings),
         bridge_=bridge,
+        sessions_=None if bridge is None else session_store_for(bridge, settings),
     )
 
     @asynccontextmanager
@@ -55,6 +57,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         async with AsyncExitStack() as stack:
             if bridge is None:
                 state.bridge_ = await stack.enter_async_context(open_bridge(settings))
+                state.sessions_ = session_store_for(state.bridge_, settings)
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(
@@ -63,6 +66,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
                         subscriptions,
                         settings.heartbeat_interval_seconds,
                         state.metrics,
+                        state.sessions,
                     )
                     state.started = True
                     try:
@@ -73,13 +77,14 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
             finally:
                 state.started = False
                 if bridge is None:
-                    state.bridge_ = None
+                    state.bridge_ = state.sessions_ = None
 
     routes = [
         *producer.routes,
         *subscriber.routes,
         *operator.routes,
         *langgraph.routes,
+        *sessions_routes.routes,
         *ops.routes,
         Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
     ]

@@ -26,6 +26,7 @@ from ..errors import (
     ProducerFenced,
     RunNotFound,
     RunOwned,
+    SessionActive,
     StreamEnded,
     Unauthorized,
 )
@@ -64,7 +65,7 @@ def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
         return 422, None
     if isinstance(exc, RunNotFound):
         return 404, None
-    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded):
+    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive):
         return 409, None
     if isinstance(exc, BackendUnavailable | BridgeClosed):
         return 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}

@@ -17,13 +17,19 @@ import anyio
 
 from ..bridge.base import StreamBridge
 from ..errors import GatewayError
+from ..sessions.base import SessionStore
 from .metrics import Metrics
 from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger(__name__)
 
 
-async def check_run(bridge: StreamBridge, run_id: str, metrics: Metrics | None = None) -> bool:
+async def check_run(
+    bridge: StreamBridge,
+    run_id: str,
+    metrics: Metrics | None = None,
+    sessions: SessionStore | None = None,
+) -> bool:
     """Append the recovery END if the run's lease has expired; True when one was added."""
     info = await bridge.get_run(run_id)
     if info is None or info.ended or info.lease_expires_at > time.time():
@@ -33,6 +39,11 @@ async def check_run(bridge: StreamBridge, run_id: str, metrics: Metrics | None =
         log.warning("run %s: producer lease expired without END; appended producer_lost", run_id)
         if metrics is not None:
             metrics.recovery_ends.inc()
+        if sessions is not None and result.session_id is not None:
+            try:
+                await sessions.end_turn(result.session_id, run_id, "producer_lost", time.time())
+            except GatewayError as exc:  # the run log is the truth; the turn catches up
+                log.warning("run %s: turn not marked producer_lost: %r", run_id, exc)
         return True
     return False
 
@@ -42,13 +53,14 @@ async def monitor(
     subscriptions: SubscriptionRegistry,
     interval: float,
     metrics: Metrics | None = None,
+    sessions: SessionStore | None = None,
 ) -> None:
     """Run until cancelled, checking watched runs every `interval` seconds."""
     while True:
         await anyio.sleep(interval)
         for run_id in subscriptions.watched_runs():
             try:
-                await check_run(bridge, run_id, metrics)
+                await check_run(bridge, run_id, metrics, sessions)
             except GatewayError as exc:  # fenced (renewed meanwhile), closed, unavailable
                 log.debug("liveness check of run %s: %r", run_id, exc)
             except OSError as exc:

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidInput, PayloadTooLarge, StreamEnded
 from ..names import check_end_status, check_event_name, check_run_id, check_session_id
-from . import access
+from . import access, sessions_routes
 from .bodies import (
     opt_bool,
     opt_object,
@@ -65,7 +65,7 @@ async def claim_run(request: Request) -> Response:
         check_session_id(session_id)
     lease = opt_seconds(body, "lease_seconds", maximum=state.settings.max_lease_seconds)
     takeover = opt_bool(body, "takeover", False)
-    opt_object(body, "input_message")  # consumed by the sessions layer
+    input_message = opt_object(body, "input_message")
     opt_object(body, "metadata")
     try:
         claim = await state.bridge.claim(
@@ -73,6 +73,7 @@ async def claim_run(request: Request) -> Response:
         )
     except StreamEnded as exc:
         raise RunEndedOnClaim(str(exc) or f"run {run_id} has ended") from None
+    await sessions_routes.record_claim(request, claim.session_id, run_id, input_message)
     return json_response(
         {
             "run_id": claim.run_id,
@@ -145,6 +146,7 @@ async def publish_events(request: Request) -> Response:
     except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
         raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
     state.metrics.events_published.inc(len(result.ids))
+    await sessions_routes.record_events(request, result.session_id, run_id, events)
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
 
 
@@ -161,6 +163,8 @@ async def end_run(request: Request) -> Response:
         result = await state.bridge.publish_end(run_id, status, error, producer_token=token)
     except orjson.JSONEncodeError as exc:
         raise InvalidInput(f"error cannot be encoded as JSON: {exc}") from None
+    if not result.deduplicated:
+        await sessions_routes.record_end(request, result.session_id, run_id, status)
     return json_response({"id": result.id, "deduplicated": result.deduplicated})
 
 

@@ -14,11 +14,12 @@ session reads as empty (`{"turns": []}`), never as an error that reveals it exis
 It removes the turns, then the run logs of those turns (`bridge.cleanup`). A clear while
 a turn is running answers 409 `session_active`.
 
-The store is built once per bridge: `RedisSessionStore` on the Redis bridge's command
-client, `MemorySessionStore` beside the memory bridge. Hooks for the producer routes
-(`record_claim`, `record_events`, `record_end`) never fail a producer's write: the run
-log is the source of truth, and a failed turn update is logged, not raised (raising
-after the bridge accepted the write would make the producer retry and duplicate).
+The store lives beside the bridge (`gateway.sessions.provider`): `RedisSessionStore` on
+the Redis bridge's command client, `MemorySessionStore` beside the memory bridge. Hooks
+for the producer routes (`record_claim`, `record_events`, `record_end`) never fail a
+producer's write: the run log is the source of truth, and a failed turn update is
+logged, not raised (raising after the bridge accepted the write would make the producer
+retry and duplicate).
 """
 
 from __future__ import annotations
@@ -32,38 +33,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..bridge.base import StreamBridge
-from ..bridge.redis import RedisStreamBridge
-from ..errors import GatewayError, SessionActive
+from ..errors import GatewayError
 from ..names import check_session_id
 from ..sessions.base import SessionStore, parse_flag, parse_limit
-from ..sessions.memory import MemorySessionStore
-from ..sessions.redis import RedisSessionStore
 from ..values import EndStatus
 from . import access
-from .errors import error_response
 from .responses import json_response
 from .state import gateway_state
 
 log = logging.getLogger(__name__)
 
-_STORE_ATTR: Final = "sessions_store"
-
-
 def session_store(request: Request) -> SessionStore:
-    """The app's session store, built on first use beside the current bridge."""
-    state = gateway_state(request)
-    bridge = state.bridge
-    cached: tuple[StreamBridge, SessionStore] | None = getattr(request.app.state, _STORE_ATTR, None)
-    if cached is not None and cached[0] is bridge:
-        return cached[1]
-    store: SessionStore
-    if isinstance(bridge, RedisStreamBridge):
-        store = RedisSessionStore(state.settings, bridge._redis)
-    else:
-        store = MemorySessionStore(state.settings)
-    setattr(request.app.state, _STORE_ATTR, (bridge, store))
-    return store
+    """The app's session store (built beside the bridge when the app starts)."""
+    return gateway_state(request).sessions
 
 
 # -- hooks for the producer routes --------------------------------------------------------
@@ -138,10 +120,7 @@ async def delete_session(request: Request) -> Response:
     raw = request.query_params.get("retire")
     retire = True if raw is None else parse_flag(raw, "retire")
     state = gateway_state(request)
-    try:
-        run_ids = await session_store(request).delete_session(session_id, retire)
-    except SessionActive as exc:  # 409 whatever the generic error mapping says
-        return error_response(409, exc.code, str(exc))
+    run_ids = await session_store(request).delete_session(session_id, retire)
     for run_id in run_ids:
         await state.bridge.cleanup(run_id)
     return json_response({"session_id": session_id, "retired": retire, "removed_runs": run_ids})

@@ -8,6 +8,7 @@ from starlette.requests import Request
 
 from ..bridge.base import StreamBridge
 from ..errors import BridgeClosed
+from ..sessions.base import SessionStore
 from ..settings import Settings
 from .auth import Authenticator
 from .metrics import Metrics
@@ -21,6 +22,7 @@ class GatewayState:
     metrics: Metrics
     auth: Authenticator
     bridge_: StreamBridge | None = None
+    sessions_: SessionStore | None = None
     started: bool = field(default=False)
 
     @property
@@ -28,6 +30,12 @@ class GatewayState:
         if self.bridge_ is None:
             raise BridgeClosed("the gateway is not serving (no bridge open)")
         return self.bridge_
+
+    @property
+    def sessions(self) -> SessionStore:
+        if self.sessions_ is None:
+            raise BridgeClosed("the gateway is not serving (no session store open)")
+        return self.sessions_
 
 
 def gateway_state(request: Request) -> GatewayState:

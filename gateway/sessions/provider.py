@@ -1,0 +1,17 @@
+"""Picks the session store that lives beside a bridge (above both store backends)."""
+
+from __future__ import annotations
+
+from ..bridge.base import StreamBridge
+from ..bridge.redis import RedisStreamBridge
+from ..settings import Settings
+from .base import SessionStore
+from .memory import MemorySessionStore
+from .redis import RedisSessionStore
+
+
+def session_store_for(bridge: StreamBridge, settings: Settings) -> SessionStore:
+    """Turns go where the runs are: the bridge's Redis, or process memory."""
+    if isinstance(bridge, RedisStreamBridge):
+        return RedisSessionStore(settings, bridge.client)
+    return MemorySessionStore(settings)
