@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
@@ -39,6 +41,14 @@ from .subscriptions import SubscriptionRegistry
 
 async def _openapi(_request: Request) -> Response:
     return json_response(openapi_document())
+
+
+# The browser console and the JS client (no build step; shipped inside the wheel).
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+async def _console(_request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
 def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starlette:
@@ -87,6 +97,8 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         *sessions_routes.routes,
         *ops.routes,
         Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
+        Route("/", _console, methods=["GET"], include_in_schema=False),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     install_error_handlers(app)

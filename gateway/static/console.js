@@ -1,0 +1,479 @@
+/*
+ * The gateway console (served at `/`): start a demo turn, follow a run, survive reloads
+ * and gaps, browse sessions. Plain script, no build step; uses window.GatewayClient.
+ *
+ * Persistence (so a reload continues exactly where the page was):
+ *   localStorage["gateway.console.follow"]   the followed run: id, session, last event
+ *                                            id, rendered tokens, recent event rows, status
+ *   localStorage["gateway.console.producer"] the page's own demo producer (run id,
+ *                                            producer token, next token index): a reload
+ *                                            resumes publishing while the lease is live
+ *   sessionStorage["gateway.console.creds"]  API key / access token typed into the page
+ *
+ * URL: `/?run=<id>` follows that run (resuming from the stored cursor when it is the
+ * run already followed); `?demo_delay=<ms>` sets the demo producer's pace.
+ */
+(function () {
+  "use strict";
+
+  const Client = window.GatewayClient;
+  const BASE = ""; // same origin as the page
+  const FOLLOW_KEY = "gateway.console.follow";
+  const PRODUCER_KEY = "gateway.console.producer";
+  const CREDS_KEY = "gateway.console.creds";
+  const MAX_LOG_ROWS = 200;
+  const DEMO_TEXT =
+    "Hello! This answer is streamed token by token through the gateway. " +
+    "Each word is its own token event with its own id, so a page that reloads " +
+    "mid-stream rejoins with its last event id and continues exactly, " +
+    "without losing or repeating a word.";
+
+  const $ = (sel) => document.querySelector(sel);
+  const params = new URLSearchParams(location.search);
+
+  let follower = null;
+  let state = null; // the followed run (persisted)
+
+  // ------------------------------------------------------------------ storage
+
+  function load(store, key) {
+    try {
+      return JSON.parse(store.getItem(key) || "null");
+    } catch (_err) {
+      return null;
+    }
+  }
+  function save(store, key, value) {
+    if (value === null) store.removeItem(key);
+    else store.setItem(key, JSON.stringify(value));
+  }
+  function persist() {
+    save(localStorage, FOLLOW_KEY, state);
+  }
+  function creds() {
+    return load(sessionStorage, CREDS_KEY) || { apiKey: "", accessToken: "" };
+  }
+  function readerBearer() {
+    const c = creds();
+    return c.apiKey || c.accessToken || null;
+  }
+
+  // ------------------------------------------------------------------ HTTP
+
+  async function api(method, path, body, extraHeaders) {
+    const headers = { Accept: "application/json", ...(extraHeaders || {}) };
+    const bearer = method === "GET" ? readerBearer() : creds().apiKey;
+    if (bearer) headers.Authorization = `Bearer ${bearer}`;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(BASE + path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const reply = await response.json().catch(() => null);
+    if (!response.ok) {
+      const err = new Error(`${method} ${path}: ${response.status} ${(reply && reply.error) || ""}`);
+      err.status = response.status;
+      err.code = reply && reply.error;
+      throw err;
+    }
+    return reply;
+  }
+
+  // ------------------------------------------------------------------ rendering
+
+  function message(text, isError) {
+    const el = $("#message");
+    el.textContent = text || "";
+    el.classList.toggle("error", !!isError);
+  }
+
+  function setConnection(kind, text) {
+    const el = $("#connection");
+    el.dataset.state = kind;
+    el.textContent = text || kind;
+  }
+
+  function setStatus(status) {
+    state.status = status;
+    const el = $("#run-status");
+    el.dataset.status = status || "";
+    el.textContent = status || "–";
+  }
+
+  function tokenNode(token, fresh) {
+    const span = document.createElement("span");
+    if (token.kind === "recovered") {
+      span.className = "recovered";
+      span.title = `recovered from the session's turn record (through ${token.id})`;
+    } else if (token.kind === "missing") {
+      span.className = "missing";
+      span.title = "events not retained and no turn record to recover them from";
+    } else {
+      span.className = fresh ? "token fresh" : "token";
+      span.title = token.id;
+      if (fresh) setTimeout(() => span.classList.remove("fresh"), 700);
+    }
+    span.dataset.id = token.id || "";
+    span.textContent = token.text;
+    return span;
+  }
+
+  function logRow(row) {
+    const tr = document.createElement("tr");
+    if (row.meta) tr.className = "meta";
+    for (const value of [row.id || "", row.event, row.data]) {
+      const td = document.createElement("td");
+      td.textContent = value;
+      tr.appendChild(td);
+    }
+    return tr;
+  }
+
+  function renderCursor() {
+    $("#cursor").textContent = state.lastEventId || "–";
+    $("#event-count").textContent = String(state.count || 0);
+  }
+
+  function renderGap() {
+    const el = $("#gap-notice");
+    const gap = state.gap;
+    if (!gap) {
+      el.hidden = true;
+      el.textContent = "";
+      delete el.dataset.recovered;
+      return;
+    }
+    el.hidden = false;
+    el.dataset.reason = gap.reason || "";
+    el.dataset.recovered = gap.recovered ? "true" : "false";
+    el.textContent =
+      `Gap (${gap.reason}): events after ${gap.requested_event_id || "the start"} were no longer ` +
+      `retained (earliest kept ${gap.earliest_available_event_id || "none"}). ` +
+      (gap.recovered
+        ? `Recovered from durable state (run ${gap.run_status}, turn ${gap.turn_state || "none"}) ` +
+          `and rejoined at ${gap.latest_available_event_id || "the start"}.`
+        : "Reloading run status and session turns…");
+  }
+
+  function renderAll() {
+    $("#run-id").textContent = state ? state.runId : "–";
+    const answer = $("#answer");
+    answer.replaceChildren();
+    const body = $("#events tbody");
+    body.replaceChildren();
+    if (!state) return;
+    for (const token of state.tokens) answer.appendChild(tokenNode(token, false));
+    for (const row of state.log) body.appendChild(logRow(row));
+    setStatus(state.status);
+    renderCursor();
+    renderGap();
+  }
+
+  function addLog(row) {
+    state.log.push(row);
+    if (state.log.length > MAX_LOG_ROWS) state.log.splice(0, state.log.length - MAX_LOG_ROWS);
+    const body = $("#events tbody");
+    body.appendChild(logRow(row));
+    while (body.children.length > MAX_LOG_ROWS) body.removeChild(body.firstChild);
+    const wrap = body.closest(".table-wrap");
+    wrap.scrollTop = wrap.scrollHeight;
+  }
+
+  // ------------------------------------------------------------------ following
+
+  function textOf(data) {
+    if (typeof data === "string") return data;
+    if (data && typeof data.text === "string") return data.text;
+    return null;
+  }
+
+  function onEvent(ev) {
+    state.lastEventId = ev.id;
+    state.count = (state.count || 0) + 1;
+    const text = textOf(ev.data);
+    let fresh = null;
+    if ((ev.event === "token" || ev.event === "text-delta") && text !== null) {
+      fresh = { id: ev.id, text };
+    } else if (ev.event === "text-set" && text !== null) {
+      state.tokens = [];
+      $("#answer").replaceChildren();
+      fresh = { id: ev.id, text };
+    }
+    if (fresh) state.tokens.push(fresh);
+    addLog({ id: ev.id, event: ev.event, data: JSON.stringify(ev.data) });
+    persist(); // before the DOM: what is visible is always what a reload restores
+    if (fresh) $("#answer").appendChild(tokenNode(fresh, true));
+    renderCursor();
+    if (state.status !== "running") setStatus("running");
+  }
+
+  function onEnd(end) {
+    setStatus(end.status || "ended");
+    addLog({ id: "", event: "end", data: JSON.stringify(end), meta: true });
+    persist();
+    setConnection("closed", `closed (run ended: ${end.status})`);
+    loadSessions();
+  }
+
+  async function onGap(gap) {
+    state.gap = { ...gap, recovered: false };
+    addLog({ id: "", event: "gap", data: JSON.stringify(gap), meta: true });
+    persist();
+    renderGap();
+    setConnection("recovering", "recovering from a gap");
+    const durable = await Client.reloadDurableState(BASE, state.runId, { bearer: readerBearer() });
+    const turn = durable.turn;
+    if (turn && typeof turn.text === "string") {
+      // The turn record holds the whole answer so far; it replaces what was rendered.
+      state.tokens = [{ id: gap.latest_available_event_id, text: turn.text, kind: "recovered" }];
+    } else {
+      state.tokens.push({
+        id: gap.latest_available_event_id,
+        text: ` [… events up to ${gap.latest_available_event_id} not retained …] `,
+        kind: "missing",
+      });
+    }
+    state.lastEventId = gap.latest_available_event_id || null;
+    state.gap = {
+      ...state.gap,
+      recovered: true,
+      run_status: durable.run.status,
+      turn_state: turn ? turn.state : null,
+    };
+    state.status = durable.run.status;
+    persist();
+    renderAll();
+    if (state.sessionId) showTurns(state.sessionId, durable.turns);
+    return true; // rejoin at latest_available_event_id
+  }
+
+  function onError(err) {
+    if (err.code === "reconnecting") {
+      setConnection("reconnecting", "reconnecting…");
+    } else if (err.code === "unavailable") {
+      setConnection("reconnecting", "backend unavailable, reconnecting…");
+    } else {
+      setConnection("closed", `closed (${err.code})`);
+      message(err.detail || err.code, true);
+    }
+  }
+
+  function onOpen(info) {
+    if (info.attempt === 1 && info.lastEventId && state.resumed) {
+      setConnection("resumed", `live, resumed after ${info.lastEventId}`);
+      $("#connection").dataset.resumedFrom = info.lastEventId;
+    } else {
+      setConnection("live", info.lastEventId ? `live, after ${info.lastEventId}` : "live");
+    }
+  }
+
+  function stopFollowing() {
+    if (follower) follower.close();
+    follower = null;
+  }
+
+  async function followRun(runId, { resume } = { resume: false }) {
+    stopFollowing();
+    const stored = load(localStorage, FOLLOW_KEY);
+    if (resume && stored && stored.runId === runId) {
+      state = { ...stored, resumed: true };
+    } else {
+      state = {
+        runId, sessionId: null, lastEventId: null, tokens: [], log: [], count: 0,
+        status: null, gap: null, resumed: false,
+      };
+    }
+    persist();
+    renderAll();
+    if (new URLSearchParams(location.search).get("run") !== runId) {
+      const url = new URL(location.href);
+      url.searchParams.set("run", runId);
+      history.replaceState(null, "", url);
+    }
+    if (state.status && state.status !== "running") {
+      setConnection("closed", `closed (run ended: ${state.status})`);
+      return; // an ended run: the stored rendering is complete
+    }
+    try {
+      const run = await api("GET", `/v1/runs/${encodeURIComponent(runId)}`);
+      state.sessionId = run.session_id;
+      if (!state.status) setStatus(run.status);
+      persist();
+    } catch (err) {
+      message(err.message, true);
+      setConnection("closed", "closed (run not readable)");
+      return;
+    }
+    if (!state || state.runId !== runId) return; // another follow started meanwhile
+    setConnection("connecting", state.lastEventId ? `rejoining after ${state.lastEventId}` : "connecting");
+    follower = Client.follow(BASE, runId, {
+      lastEventId: state.lastEventId,
+      accessToken: creds().apiKey ? null : creds().accessToken || null,
+      onEvent, onEnd, onGap, onError, onOpen,
+      maxGapRecoveries: 3,
+    });
+  }
+
+  // ------------------------------------------------------------------ demo producer
+
+  function demoTokens() {
+    return DEMO_TEXT.match(/\S+\s*/g);
+  }
+
+  async function startDemo(sessionId) {
+    const reply = await api("POST", "/v1/runs", {
+      session_id: sessionId,
+      input_message: {
+        messageId: `console-${Date.now()}`,
+        role: "user",
+        parts: [{ kind: "text", text: "Show me a streamed answer." }],
+        metadata: { origin: "console" },
+      },
+    });
+    const delay = Number(params.get("demo_delay") || 150);
+    save(localStorage, PRODUCER_KEY, { runId: reply.run_id, token: reply.producer_token, next: 0, delay });
+    await followRun(reply.run_id);
+    runProducer();
+    loadSessions();
+  }
+
+  let producing = false;
+  async function runProducer() {
+    if (producing) return;
+    producing = true;
+    try {
+      const tokens = demoTokens();
+      for (;;) {
+        const job = load(localStorage, PRODUCER_KEY);
+        if (!job) return;
+        const headers = { "X-Producer-Token": job.token };
+        const path = `/v1/runs/${encodeURIComponent(job.runId)}`;
+        try {
+          if (job.next >= tokens.length) {
+            await api("POST", `${path}/end`, { status: "success" }, headers);
+            save(localStorage, PRODUCER_KEY, null);
+            return;
+          }
+          const reply = await api("POST", `${path}/events`,
+            { event: "token", data: { text: tokens[job.next] } }, headers);
+          save(localStorage, PRODUCER_KEY, { ...job, next: job.next + 1 });
+          if (reply.cancel_requested) {
+            await api("POST", `${path}/end`, { status: "cancelled" }, headers);
+            save(localStorage, PRODUCER_KEY, null);
+            return;
+          }
+        } catch (err) {
+          // fenced (lease lost or taken over) or ended: this page no longer produces.
+          save(localStorage, PRODUCER_KEY, null);
+          message(`demo producer stopped: ${err.message}`, true);
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, job.delay));
+      }
+    } finally {
+      producing = false;
+    }
+  }
+
+  // ------------------------------------------------------------------ sessions
+
+  function showTurns(sessionId, turns) {
+    $("#turns-session").textContent = sessionId;
+    const list = $("#turns");
+    list.replaceChildren();
+    for (const turn of turns) {
+      const li = document.createElement("li");
+      li.dataset.runId = turn.run_id;
+      li.dataset.state = turn.state;
+      const id = document.createElement("code");
+      id.textContent = turn.run_id;
+      const st = document.createElement("span");
+      st.className = "state";
+      st.textContent = turn.state;
+      const follow = document.createElement("button");
+      follow.type = "button";
+      follow.textContent = "follow";
+      follow.addEventListener("click", () => followRun(turn.run_id, { resume: true }));
+      const text = document.createElement("span");
+      text.className = "text";
+      text.textContent = turn.text || "";
+      li.append(id, st, follow, text);
+      list.appendChild(li);
+    }
+  }
+
+  async function loadTurns(sessionId) {
+    try {
+      const reply = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}/turns?limit=20`);
+      showTurns(sessionId, reply.turns);
+    } catch (err) {
+      message(err.message, true);
+    }
+  }
+
+  async function loadSessions() {
+    const list = $("#sessions");
+    try {
+      const reply = await api("GET", "/v1/sessions?limit=50");
+      list.replaceChildren();
+      for (const row of reply.sessions) {
+        const li = document.createElement("li");
+        li.dataset.sessionId = row.session_id;
+        const id = document.createElement("code");
+        id.textContent = row.session_id;
+        const count = document.createElement("span");
+        count.className = "count";
+        const when = new Date(row.last_updated * 1000).toLocaleTimeString();
+        count.textContent = `${row.turn_count} turn${row.turn_count === 1 ? "" : "s"} · ${when}`;
+        li.append(id, count);
+        li.addEventListener("click", () => {
+          for (const other of list.children) other.classList.remove("selected");
+          li.classList.add("selected");
+          loadTurns(row.session_id);
+        });
+        list.appendChild(li);
+      }
+      list.dataset.loaded = "true";
+    } catch (err) {
+      list.dataset.loaded = "error";
+      message(`sessions: ${err.message}`, true);
+    }
+  }
+
+  // ------------------------------------------------------------------ wiring
+
+  function init() {
+    const c = creds();
+    $("#api-key").value = c.apiKey || "";
+    $("#access-token").value = c.accessToken || "";
+    const saveCreds = () =>
+      save(sessionStorage, CREDS_KEY, { apiKey: $("#api-key").value.trim(), accessToken: $("#access-token").value.trim() });
+    $("#api-key").addEventListener("change", saveCreds);
+    $("#access-token").addEventListener("change", saveCreds);
+
+    $("#demo-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      message("");
+      startDemo($("#session-input").value.trim() || "console").catch((err) => message(err.message, true));
+    });
+    $("#follow-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      message("");
+      followRun($("#follow-input").value.trim(), { resume: true });
+    });
+    $("#refresh-sessions").addEventListener("click", loadSessions);
+
+    const stored = load(localStorage, FOLLOW_KEY);
+    const wanted = params.get("run") || (stored && stored.runId);
+    if (wanted) {
+      $("#follow-input").value = wanted;
+      followRun(wanted, { resume: true });
+    }
+    if (load(localStorage, PRODUCER_KEY)) runProducer();
+    loadSessions();
+  }
+
+  window.GatewayConsole = { followRun, startDemo, loadSessions, get state() { return state; } };
+  init();
+})();
