@@ -419,14 +419,18 @@ class RedisStreamBridge:
         return reply
 
     async def _bounds(self, keys: RunKeys) -> tuple[str | None, str | None]:
+        """The first and last retained event ids (the END entry is not an event)."""
+
         async def fetch() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.xrange(keys.log, "-", "+", count=1)
-                pipe.xrevrange(keys.log, "+", "-", count=1)
+                pipe.xrevrange(keys.log, "+", "-", count=2)
                 return list(await pipe.execute())
 
         head, tail = await self._call(fetch)
-        return (_text(head[0][0]) if head else None, _text(tail[0][0]) if tail else None)
+        events = [_text(i) for i, fields in tail if not _is_end(_flatten(fields))]
+        first = _text(head[0][0]) if head and not _is_end(_flatten(head[0][1])) else None
+        return first, (events[0] if events else None)
 
     async def _tail(self, keys: RunKeys) -> tuple[str, list[bytes]] | None:
         reply: Any = await self._call(lambda: self._redis.xrevrange(keys.log, "+", "-", count=1))
