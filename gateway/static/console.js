@@ -332,18 +332,44 @@
       },
     });
     const delay = Number(params.get("demo_delay") || 150);
-    save(localStorage, PRODUCER_KEY, { runId: reply.run_id, token: reply.producer_token, next: 0, delay });
+    save(localStorage, PRODUCER_KEY, {
+      runId: reply.run_id, sessionId: reply.session_id, token: reply.producer_token, next: 0, delay,
+    });
     await followRun(reply.run_id);
-    runProducer();
+    runProducer(false);
     loadSessions();
   }
 
+  // After a reload the stored `next` may be one behind (the page can unload between a
+  // publish and saving `next`): the session's turn text says exactly how many tokens
+  // the gateway accepted, so a resumed producer neither repeats nor skips one.
+  async function syncProducer(tokens) {
+    const job = load(localStorage, PRODUCER_KEY);
+    if (!job || !job.sessionId) return;
+    try {
+      const reply = await api("GET", `/v1/sessions/${encodeURIComponent(job.sessionId)}/turns?limit=200`);
+      const turn = reply.turns.find((t) => t.run_id === job.runId);
+      if (!turn) return;
+      let text = "";
+      for (let n = 0; n <= tokens.length; n += 1) {
+        if (text === turn.text) {
+          save(localStorage, PRODUCER_KEY, { ...job, next: n });
+          return;
+        }
+        text += tokens[n] || "";
+      }
+    } catch (_err) {
+      // keep the stored position
+    }
+  }
+
   let producing = false;
-  async function runProducer() {
+  async function runProducer(resumed) {
     if (producing) return;
     producing = true;
     try {
       const tokens = demoTokens();
+      if (resumed) await syncProducer(tokens);
       for (;;) {
         const job = load(localStorage, PRODUCER_KEY);
         if (!job) return;
@@ -470,7 +496,7 @@
       $("#follow-input").value = wanted;
       followRun(wanted, { resume: true });
     }
-    if (load(localStorage, PRODUCER_KEY)) runProducer();
+    if (load(localStorage, PRODUCER_KEY)) runProducer(true);
     loadSessions();
   }
 
