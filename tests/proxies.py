@@ -18,6 +18,7 @@ forgets to.
 
 Backends may be given as ``host:port`` or as base URLs (``http://host:port``).
 ``Proxy(...).check()`` only validates the config (``haproxy -c`` / ``nginx -t``).
+``Proxy(kind, backends, config=path)`` uses another haproxy.cfg / nginx template.
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ class Proxy(_Process):
         *,
         port: int | None = None,
         directory: Path | None = None,
+        config: Path | None = None,
     ) -> None:
         if kind not in ("haproxy", "nginx"):
             raise ValueError(f"unknown proxy kind {kind!r}")
@@ -245,6 +247,10 @@ class Proxy(_Process):
         super().__init__(directory)
         self.kind: ProxyKind = kind
         self.backends = [host_port(b) for b in backends]
+        # The shipped file unless a test passes a variant (e.g. a deliberately bad one).
+        self.source = (
+            Path(config) if config else HAPROXY_CFG if kind == "haproxy" else NGINX_TEMPLATE
+        )
         self._fixed_port = port is not None
         self.port = port or 0
 
@@ -258,15 +264,15 @@ class Proxy(_Process):
 
     @property
     def config_path(self) -> Path:
-        return HAPROXY_CFG if self.kind == "haproxy" else self.dir / "nginx.conf"
+        return self.source if self.kind == "haproxy" else self.dir / "nginx.conf"
 
     def _prepare(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         if self.kind == "haproxy":
             env.update(haproxy_env(self.backends, self.listen))
-            argv = [HAPROXY_BIN, "-db", "-f", str(HAPROXY_CFG), "-p", str(self.dir / "haproxy.pid")]
+            argv = [HAPROXY_BIN, "-db", "-f", str(self.source), "-p", str(self.dir / "haproxy.pid")]
             return argv, env
-        text = render_template(NGINX_TEMPLATE.read_text(), nginx_values(self.backends, self.listen))
+        text = render_template(self.source.read_text(), nginx_values(self.backends, self.listen))
         self.config_path.write_text(text)
         error_log = self.dir / "error.log"
         directives = f"daemon off; pid {self.dir / 'nginx.pid'}; error_log {error_log} info;"
@@ -285,7 +291,7 @@ class Proxy(_Process):
             self.port = free_port()
         argv, env = self._prepare()
         if self.kind == "haproxy":
-            argv = [HAPROXY_BIN, "-c", "-f", str(HAPROXY_CFG)]
+            argv = [HAPROXY_BIN, "-c", "-f", str(self.source)]
         else:
             argv = [*argv, "-t"]
         return subprocess.run(

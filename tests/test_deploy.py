@@ -1,0 +1,465 @@
+"""deploy/: the shipped nginx and haproxy configs in front of real gateways, plus static checks.
+
+Live tests (parametrized over haproxy and nginx): two `gateway serve` processes share one
+real redis-server and sit behind the proxy started from the shipped deploy file
+(tests/proxies.py). They prove that the proxy does not buffer SSE (the first event and
+heartbeats arrive while the run is still open), and that a reconnect through the proxy
+with Last-Event-ID resumes exactly, also when it lands on the other gateway.
+
+Static tests: `haproxy -c` and `nginx -t` pass on the configs as shipped; the Dockerfile,
+compose.yaml and Kubernetes manifests have what operators rely on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import anyio
+import httpx
+import pytest
+import yaml
+
+from gateway.cli import SHUTDOWN_GRACE_SECONDS
+from tests.http_server import ProducerClient
+from tests.proxies import DEPLOY, HAPROXY_BIN, NGINX_BIN, GatewayProcess, Proxy
+from tests.sse_client import Frame, iter_frames
+
+pytestmark = pytest.mark.timeout(60)
+
+API_KEY = "deploy-test-key"
+HEARTBEAT = 0.3
+EVENT_TIMEOUT = 5.0  # generous: an unbuffered proxy delivers within milliseconds
+KINDS = ["haproxy", "nginx"]
+
+needs = {
+    "haproxy": pytest.mark.skipif(
+        not os.access(HAPROXY_BIN, os.X_OK), reason="haproxy not installed (scripts/bootstrap)"
+    ),
+    "nginx": pytest.mark.skipif(
+        not os.access(NGINX_BIN, os.X_OK), reason="nginx not installed (scripts/bootstrap)"
+    ),
+}
+proxy_kinds = pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=needs[k]) for k in KINDS], scope="module"
+)
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateways(redis_url: str) -> Iterator[list[GatewayProcess]]:
+    """Two gateway processes on one Redis (module-wide; tests use their own run ids)."""
+    prefix = f"t{uuid4().hex[:8]}:"
+    procs = [
+        GatewayProcess(redis_url=redis_url, api_key=API_KEY, heartbeat=HEARTBEAT, key_prefix=prefix)
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(kind: str, gateways: list[GatewayProcess]) -> Iterator[Proxy]:
+    with Proxy(kind, backends=[g.url for g in gateways]) as p:  # type: ignore[arg-type]
+        yield p
+
+
+@pytest.fixture
+async def client(proxy: Proxy) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=proxy.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10
+    ) as c:
+        yield c
+
+
+async def next_frame(frames: AsyncIterator[Frame], seconds: float = EVENT_TIMEOUT) -> Frame:
+    with anyio.fail_after(seconds):
+        return await anext(frames)
+
+
+async def next_event(frames: AsyncIterator[Frame], seconds: float = EVENT_TIMEOUT) -> Frame:
+    """The next frame that is not a comment-only frame or a retry hint."""
+    with anyio.fail_after(seconds):
+        async for frame in frames:
+            if frame.is_event:
+                return frame
+    raise AssertionError("stream ended without an event")
+
+
+def payloads(frames: list[Frame]) -> list[Any]:
+    return [f.json() for f in frames]
+
+
+# -- live: no buffering --------------------------------------------------------------------
+
+
+@proxy_kinds
+@pytest.mark.anyio
+async def test_first_event_arrives_before_end(client: httpx.AsyncClient, kind: str) -> None:
+    producer = await ProducerClient.claim(client)
+    url = f"/v1/runs/{producer.run_id}/stream"
+    async with client.stream("GET", url) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        frames = iter_frames(response)
+        first = await next_frame(frames)  # the retry hint: headers and bytes are flowing
+        assert first.retry is not None
+
+        published = time.monotonic()
+        (event_id,) = await producer.publish(("token", {"text": "hello"}))
+        event = await next_event(frames)  # fails after EVENT_TIMEOUT if the proxy buffers
+        latency = time.monotonic() - published
+        assert (event.id, event.event, event.json()) == (event_id, "token", {"text": "hello"})
+
+        # Only now does the run end; the END frame follows through the proxy.
+        await producer.end()
+        end = await next_event(frames)
+        assert end.event == "end" and end.json() == {"status": "success"}
+    print(f"{kind}: first event through the proxy {latency * 1000:.1f} ms after publish")
+
+
+LATENCY_LIMIT = 0.15  # seconds; direct to a gateway the median is a few ms here
+
+
+async def publish_latencies(client: httpx.AsyncClient, count: int = 7) -> list[float]:
+    """Publish `count` events one by one; seconds from publish to arrival through `client`."""
+    producer = await ProducerClient.claim(client)
+    latencies: list[float] = []
+    async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+        frames = iter_frames(response)
+        await next_frame(frames)  # retry hint
+        for i in range(count):
+            started = time.monotonic()
+            (event_id,) = await producer.publish(("token", {"i": i}))
+            event = await next_event(frames)
+            latencies.append(time.monotonic() - started)
+            assert event.id == event_id
+        await producer.end()
+    return latencies
+
+
+@proxy_kinds
+@pytest.mark.anyio
+async def test_each_event_leaves_the_proxy_promptly(client: httpx.AsyncClient, kind: str) -> None:
+    """Event by event, publish -> arrival through the proxy: median well under 150ms.
+
+    HAProxy without `option http-no-delay` delivers every frame but holds each for about
+    200ms (MSG_MORE corking), which the first-event test alone would not notice.
+    """
+    latencies = await publish_latencies(client)
+    median = statistics.median(latencies)
+    print(
+        f"{kind}: publish->arrival median {median * 1000:.1f} ms, max {max(latencies) * 1000:.1f}"
+    )
+    assert median < LATENCY_LIMIT, latencies
+
+
+@needs["haproxy"]
+@pytest.mark.anyio
+async def test_the_latency_check_catches_haproxy_without_http_no_delay(
+    gateways: list[GatewayProcess], tmp_path: Path
+) -> None:
+    """Negative control for the test above: the shipped haproxy.cfg minus
+    `option http-no-delay` delays every SSE frame past LATENCY_LIMIT (Linux, HAProxy 2.6)."""
+    shipped = (DEPLOY / "haproxy.cfg").read_text()
+    line = next(x for x in shipped.splitlines() if x.strip().startswith("option http-no-delay"))
+    variant = tmp_path / "haproxy-delay.cfg"
+    variant.write_text(shipped.replace(line + "\n", ""))
+    with Proxy("haproxy", backends=[g.url for g in gateways], config=variant) as proxy:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=10) as client:
+            latencies = await publish_latencies(client, count=3)
+    assert statistics.median(latencies) >= LATENCY_LIMIT, latencies
+
+
+# -- live: exact resume through the proxy --------------------------------------------------
+
+
+async def read_events(
+    client: httpx.AsyncClient, url: str, last_event_id: str | None, limit: int | None = None
+) -> list[Frame]:
+    """Data events and the END frame; stop (disconnect) after `limit` data events."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    out: list[Frame] = []
+    with anyio.fail_after(EVENT_TIMEOUT * 2):
+        async with client.stream("GET", url, headers=headers) as response:
+            assert response.status_code == 200, await response.aread()
+            async for frame in iter_frames(response):
+                if frame.is_event:
+                    out.append(frame)
+                if frame.event == "end" or (limit is not None and len(out) == limit):
+                    break
+    return out
+
+
+@proxy_kinds
+@pytest.mark.anyio
+async def test_reconnect_with_last_event_id_resumes_exactly(
+    client: httpx.AsyncClient, gateways: list[GatewayProcess], kind: str
+) -> None:
+    producer = await ProducerClient.claim(client)
+    url = f"/v1/runs/{producer.run_id}/stream"
+    first_ids = await producer.publish(*[("token", {"i": i}) for i in range(3)])
+
+    # The first connection is cut by the client after k=2 of the 3 events.
+    cut = await read_events(client, url, None, limit=2)
+    assert [f.id for f in cut] == first_ids[:2]
+    later_ids = await producer.publish(*[("token", {"i": i}) for i in range(3, 6)])
+    await producer.end()
+    all_ids = first_ids + later_ids
+
+    # Reconnect through the proxy until both gateways have served a resume; every
+    # resume must be exact: the events after the cursor, in order, then END.
+    delivered = [await _delivered(g) for g in gateways]
+    served: set[int] = set()
+    cursor = cut[-1].id
+    for attempt in range(8):
+        resumed = await read_events(client, url, cursor)
+        assert resumed[-1].event == "end" and resumed[-1].id is None
+        data = resumed[:-1]
+        start = all_ids.index(cursor) + 1 if cursor else 0
+        assert [f.id for f in data] == all_ids[start:], attempt
+        assert payloads(data) == [{"i": i} for i in range(start, 6)]
+        now = [await _delivered(g) for g in gateways]
+        served |= {i for i, (a, b) in enumerate(zip(delivered, now, strict=True)) if b > a}
+        delivered = now
+        if served == {0, 1}:
+            break
+        cursor = all_ids[attempt % len(all_ids)]
+    assert served == {0, 1}, "the proxy sent every reconnect to the same gateway"
+
+
+async def _delivered(gateway: GatewayProcess) -> float:
+    return await anyio.to_thread.run_sync(gateway.metric, "gateway_events_delivered_total")
+
+
+# -- live: heartbeats pass unbuffered ------------------------------------------------------
+
+
+@proxy_kinds
+@pytest.mark.anyio
+async def test_heartbeats_pass_through_unbuffered(client: httpx.AsyncClient, kind: str) -> None:
+    producer = await ProducerClient.claim(client)
+    async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+        assert response.status_code == 200
+        frames = iter_frames(response)
+        arrivals: list[float] = []
+        with anyio.fail_after(HEARTBEAT * 4 + EVENT_TIMEOUT):
+            async for frame in frames:
+                assert not frame.is_event, "no event was published"
+                if b"heartbeat" in frame.comments:
+                    arrivals.append(time.monotonic())
+                    if len(arrivals) == 4:
+                        break
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        # Each heartbeat arrives on its own, about HEARTBEAT apart (a buffering proxy
+        # would hold them back and release them in bursts, or not at all).
+        assert all(HEARTBEAT * 0.5 < g < HEARTBEAT * 3 for g in gaps), gaps
+        await producer.end()
+        end = await next_event(frames)
+        assert end.event == "end"
+    print(f"{kind}: heartbeat gaps through the proxy {[round(g, 3) for g in gaps]} s")
+
+
+# -- static: configs as shipped ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=needs[k]) for k in KINDS])
+def test_shipped_proxy_config_is_valid(kind: str, tmp_path: Path) -> None:
+    backends = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+    result = Proxy(kind, backends=backends, directory=tmp_path).check()  # type: ignore[arg-type]
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs["haproxy"]
+def test_haproxy_config_requires_a_backend(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["HAPROXY_BIND"] = "127.0.0.1:0"
+    result = subprocess.run(
+        [HAPROXY_BIN, "-c", "-f", str(DEPLOY / "haproxy.cfg")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+
+
+def config_lines(path: Path) -> str:
+    """The file without comments."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def test_proxy_configs_have_sse_settings() -> None:
+    nginx = config_lines(DEPLOY / "nginx.conf.template")
+    for directive in (
+        "proxy_buffering off;",
+        "proxy_cache off;",
+        "proxy_http_version 1.1;",
+        'proxy_set_header Connection "";',
+        "proxy_read_timeout 1h;",
+        "least_conn;",
+    ):
+        assert directive in nginx, directive
+    assert "proxy_ignore_headers" not in nginx  # X-Accel-Buffering stays honoured
+    haproxy = config_lines(DEPLOY / "haproxy.cfg")
+    for directive in (
+        "timeout server 1h",
+        "timeout client 1h",
+        "timeout tunnel 1h",
+        "uri /readyz",
+        "balance leastconn",
+    ):
+        assert directive in haproxy, directive
+    assert "compression" not in haproxy
+
+
+# -- static: Dockerfile --------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
+    instructions = dockerfile_instructions()
+    froms = [args for word, args in instructions if word == "FROM"]
+    assert froms and froms[-1].split()[0].startswith("python:3.11-slim")
+    users = [args for word, args in instructions if word == "USER"]
+    assert users, "no USER instruction"
+    assert users[-1].split(":")[0] not in ("root", "0")
+    runs = " ".join(args for word, args in instructions if word == "RUN")
+    assert "pip install" in runs and " ." in runs
+    healthchecks = [args for word, args in instructions if word == "HEALTHCHECK"]
+    assert len(healthchecks) == 1 and "/healthz" in healthchecks[0]
+    assert "urllib" in healthchecks[0]
+    cmds = [args for word, args in instructions if word == "CMD"]
+    assert json.loads(cmds[-1]) == ["gateway", "serve", "--host", "0.0.0.0"]
+
+
+def healthcheck_argv() -> list[str]:
+    (args,) = [a for w, a in dockerfile_instructions() if w == "HEALTHCHECK"]
+    cmd = args[args.index("CMD") + len("CMD") :].strip()
+    argv: list[str] = json.loads(cmd) if cmd.startswith("[") else ["sh", "-c", cmd]
+    return argv
+
+
+def test_dockerfile_healthcheck_command_probes_a_real_gateway(tmp_path: Path) -> None:
+    """The HEALTHCHECK command, run as is (python from PATH -> this interpreter)."""
+    argv = healthcheck_argv()
+    assert argv[0] in ("python", "python3")
+    argv[0] = sys.executable
+    with GatewayProcess(directory=tmp_path) as gateway:
+        env = {**os.environ, "GATEWAY_PORT": str(gateway.port)}
+        ok = subprocess.run(argv, env=env, capture_output=True, timeout=30)
+        assert ok.returncode == 0, ok.stderr
+        gateway.terminate()
+        down = subprocess.run(argv, env=env, capture_output=True, timeout=30)
+        assert down.returncode != 0
+
+
+# -- static: compose -----------------------------------------------------------------------
+
+
+def test_compose_has_redis_with_aof_two_gateways_and_a_balancer() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services: dict[str, Any] = compose["services"]
+    redis = services["redis"]
+    command = redis["command"]
+    words = command if isinstance(command, list) else shlex.split(command)
+    assert words[words.index("--appendonly") + 1] == "yes"
+    gateways = {
+        name: svc
+        for name, svc in services.items()
+        if svc.get("build") and "GATEWAY_REDIS_URL" in (svc.get("environment") or {})
+    }
+    assert len(gateways) >= 2, services.keys()
+    for svc in gateways.values():
+        env = svc["environment"]
+        assert env["GATEWAY_REDIS_URL"].startswith("redis://redis:")
+        assert "GATEWAY_API_KEY" in env
+    volumes = " ".join(str(v) for svc in services.values() for v in (svc.get("volumes") or []))
+    assert "haproxy.cfg" in volumes or "nginx.conf.template" in volumes
+    balancers = [
+        svc
+        for svc in services.values()
+        if str(svc.get("image", "")).startswith(("haproxy", "nginx"))
+    ]
+    assert balancers and all(svc.get("ports") for svc in balancers)
+
+
+# -- static: Kubernetes --------------------------------------------------------------------
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and "kind" in doc and doc.get("kind") != "Kustomization":
+                docs.append(doc)
+    return docs
+
+
+def test_k8s_manifests_parse_and_cover_the_basics() -> None:
+    docs = k8s_documents()
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Secret"} <= kinds
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for kind in ("Service", "PodDisruptionBudget"):
+        (doc,) = [d for d in docs if d["kind"] == kind]
+        selector = doc["spec"]["selector"]
+        selector = selector.get("matchLabels", selector)
+        assert selector.items() <= labels.items(), kind
+
+    (container,) = pod["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    pre_stop = container["lifecycle"]["preStop"]
+    drain = (
+        int(pre_stop["sleep"]["seconds"])
+        if "sleep" in pre_stop
+        else int(pre_stop["exec"]["command"][-1])
+    )
+    assert drain > 0
+    # The kubelet's grace period covers preStop and then the gateway's own shutdown.
+    grace = pod["spec"]["terminationGracePeriodSeconds"]
+    assert grace > drain + SHUTDOWN_GRACE_SECONDS
+    security = {**pod["spec"].get("securityContext", {}), **container.get("securityContext", {})}
+    assert security.get("runAsNonRoot") is True
+
+    # The config the container reads exists.
+    config_names = {d["metadata"]["name"] for d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    for source in container.get("envFrom", []):
+        ref = source.get("configMapRef") or source.get("secretRef")
+        assert ref["name"] in config_names
+    env = {e["name"]: e for e in container.get("env", [])}
+    assert "GATEWAY_API_KEY" in env or any("secretRef" in s for s in container.get("envFrom", []))
