@@ -17,7 +17,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.fault_tools import Follower, GatewayProcess, HttpProducer, poll
+from tests.fault_tools import Follower, HttpProducer, poll
+from tests.proxies import GatewayProcess
 from tests.redis_servers import RedisCluster, RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
@@ -34,7 +35,7 @@ def cluster_gateways(
     made: list[GatewayProcess] = []
 
     def start() -> GatewayProcess:
-        gw = GatewayProcess(cluster_url(redis_cluster), key_prefix, heartbeat=0.5)
+        gw = GatewayProcess(cluster_url(redis_cluster), heartbeat=0.5, key_prefix=key_prefix)
         made.append(gw)
         return gw.start()
 
@@ -89,8 +90,8 @@ async def test_cluster_publish_subscribe_resume_fence_fanout_and_lease_expiry(
 ) -> None:
     a, b = cluster_gateways(), cluster_gateways()
     async with (
-        httpx.AsyncClient(base_url=a.base_url, timeout=10) as ca,
-        httpx.AsyncClient(base_url=b.base_url, timeout=10) as cb,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as cb,
     ):
         # Publish on A, fan out to 3 subscribers on each gateway.
         producer = await HttpProducer.claim(ca, tag="p1", lease_seconds=60)
@@ -144,8 +145,8 @@ async def test_cluster_manual_failover_of_the_runs_master_while_streaming(
 ) -> None:
     a, b = cluster_gateways(), cluster_gateways()
     async with (
-        httpx.AsyncClient(base_url=a.base_url, timeout=10) as ca,
-        httpx.AsyncClient(base_url=b.base_url, timeout=10) as cb,
+        httpx.AsyncClient(base_url=a.url, timeout=10) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=10) as cb,
     ):
         producer = await HttpProducer.claim(ca, lease_seconds=120)
         key = log_key(key_prefix, producer.run_id)

@@ -1,20 +1,22 @@
 """Faults with exact accounting: every subscriber ends with exactly the published
 sequence (no loss, no duplicate, no reorder) or with an explicit gap/end, never a hang.
 
-Real processes only: `gateway serve` processes (tests/fault_tools.GatewayProcess) on
+Real processes only: `gateway serve` processes (tests/proxies.GatewayProcess), haproxy
+from deploy/haproxy.cfg (tests/proxies.Proxy) for the multi-gateway tests, on
 real redis-servers that the tests kill and restart.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import httpx
 import pytest
 
-from tests.fault_tools import Follower, GatewayProcess, HttpProducer, metric, poll
+from tests.fault_tools import Follower, HttpProducer, metric, poll
+from tests.proxies import GatewayProcess, Proxy
 from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio]
@@ -28,7 +30,7 @@ def gateways() -> Iterator[Callable[..., GatewayProcess]]:
     made: list[GatewayProcess] = []
 
     def start(redis_url: str, key_prefix: str, **kw: object) -> GatewayProcess:
-        gw = GatewayProcess(redis_url, key_prefix, **kw)  # type: ignore[arg-type]
+        gw = GatewayProcess(redis_url, key_prefix=key_prefix, **kw)  # type: ignore[arg-type]
         made.append(gw)
         return gw.start()
 
@@ -65,7 +67,7 @@ async def test_redis_unreachable_10s_then_exact_resume(
     redis = redis_server_factory(*AOF_ALWAYS)
     heartbeat = 3.0
     gw = gateways(redis.url, key_prefix, heartbeat=heartbeat)
-    async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         producer = await HttpProducer.claim(client, lease_seconds=120)
         for seq in range(5):
             await producer.publish_seq(seq)
@@ -148,7 +150,7 @@ async def test_redis_killed_and_restarted_with_aof_resumes_exactly(
     redis = redis_server_factory(*AOF_ALWAYS)
     gw = gateways(redis.url, key_prefix, heartbeat=0.5)
     total = 60
-    async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         producer = await HttpProducer.claim(client, lease_seconds=120)
         followers = [Follower(lambda: client, producer.run_id) for _ in range(3)]
         async with anyio.create_task_group() as tg:
@@ -182,7 +184,7 @@ async def test_redis_restarted_without_persistence_is_an_explicit_gap_never_a_ha
 ) -> None:
     redis = redis_server_factory()  # no AOF, no RDB: a restart loses everything
     gw = gateways(redis.url, key_prefix, heartbeat=0.5)
-    async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         producer = await HttpProducer.claim(client, lease_seconds=120)
         for seq in range(3):
             await producer.publish_seq(seq)
@@ -224,7 +226,7 @@ async def test_dead_producer_gets_one_producer_lost_end_with_three_gateways_raci
 ) -> None:
     heartbeat, lease = 0.5, 1.0
     gws = [gateways(redis_server.url, key_prefix, heartbeat=heartbeat) for _ in range(3)]
-    clients = [httpx.AsyncClient(base_url=g.base_url, timeout=10) for g in gws]
+    clients = [httpx.AsyncClient(base_url=g.url, timeout=10) for g in gws]
     try:
         producer = await HttpProducer.claim(clients[0], lease_seconds=lease)
         followers = [
@@ -272,7 +274,7 @@ async def test_zombie_producer_after_takeover_is_fenced_and_never_interleaves(
     key_prefix: str,
 ) -> None:
     gws = [gateways(redis_server.url, key_prefix, heartbeat=0.5) for _ in range(3)]
-    clients = [httpx.AsyncClient(base_url=g.base_url, timeout=10) for g in gws]
+    clients = [httpx.AsyncClient(base_url=g.url, timeout=10) for g in gws]
     try:
         old = await HttpProducer.claim(clients[0], tag="old", lease_seconds=60)
         followers = [Follower(lambda c=c: c, old.run_id) for c in clients]
@@ -328,3 +330,137 @@ async def test_zombie_producer_after_takeover_is_fenced_and_never_interleaves(
     finally:
         for c in clients:
             await c.aclose()
+
+
+# ---------------------------------------------------- 3 gateways behind haproxy (deploy/)
+
+
+class Fleet:
+    """3 gateway processes on one Redis behind haproxy; a fresh client per connection."""
+
+    def __init__(self, gws: list[GatewayProcess], proxy: Proxy) -> None:
+        self.gws = gws
+        self.proxy = proxy
+        self.clients: list[httpx.AsyncClient] = []
+
+    def client(self) -> httpx.AsyncClient:
+        """A new client: its own connection, so haproxy balances it on its own."""
+        c = httpx.AsyncClient(base_url=self.proxy.url, timeout=10)
+        self.clients.append(c)
+        return c
+
+    async def open_sse(self) -> list[float]:
+        return [
+            await anyio.to_thread.run_sync(g.metric, "gateway_sse_open_subscribers")
+            for g in self.gws
+            if g.running
+        ]
+
+    async def aclose(self) -> None:
+        for c in self.clients:
+            await c.aclose()
+
+
+@pytest.fixture
+async def fleet(
+    redis_server: RedisServer, gateways: Callable[..., GatewayProcess], key_prefix: str
+) -> AsyncIterator[Fleet]:
+    gws = [gateways(redis_server.url, key_prefix, heartbeat=0.5) for _ in range(3)]
+    with Proxy("haproxy", [g.url for g in gws]) as proxy:
+        fleet = Fleet(gws, proxy)
+        try:
+            await poll("haproxy sees the gateways", lambda: _lb_ready(fleet), 15)
+            yield fleet
+        finally:
+            await fleet.aclose()
+
+
+async def _lb_ready(fleet: Fleet) -> bool:
+    try:
+        return (await fleet.client().get("/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def followers_for(fleet: Fleet, run_id: str, n: int) -> list[Follower]:
+    return [Follower(lambda c=fleet.client(): c, run_id) for _ in range(n)]
+
+
+async def _spread(fleet: Fleet, n: int) -> bool:
+    counts = await fleet.open_sse()
+    return sum(counts) == n and all(c > 0 for c in counts)
+
+
+@pytest.mark.timeout(90)
+async def test_three_gateways_behind_haproxy_any_gateway_serves_any_run(fleet: Fleet) -> None:
+    runs = 3
+    producers = [await HttpProducer.claim(fleet.client(), lease_seconds=60) for _ in range(runs)]
+    followers = {p.run_id: followers_for(fleet, p.run_id, 4) for p in producers}
+    everyone = [f for fs in followers.values() for f in fs]
+    async with anyio.create_task_group() as tg:
+        for f in everyone:
+            tg.start_soon(f.run, 60.0)
+        await poll("subscribers on every gateway", lambda: _spread(fleet, len(everyone)), 15)
+        for seq in range(40):
+            for p in producers:
+                await p.publish_seq(seq)
+        for p in producers:
+            await p.end()
+        with anyio.fail_after(20):
+            for f in everyone:
+                await f.done.wait()
+    for p in producers:
+        for f in followers[p.run_id]:
+            assert f.terminal is not None and f.terminal.json()["status"] == "success"
+            assert_exact(f, p.ids, list(range(40)))
+    delivered = [
+        await anyio.to_thread.run_sync(g.metric, "gateway_events_delivered_total")
+        for g in fleet.gws
+    ]
+    assert all(d > 0 for d in delivered), delivered  # every gateway served streams
+    assert sum(delivered) == len(everyone) * 40
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["kill", "sigterm"])
+async def test_gateway_lost_mid_stream_clients_continue_exactly_through_haproxy(
+    fleet: Fleet, how: str
+) -> None:
+    """kill -9: clients see the connection drop; SIGTERM: the stream ends cleanly after a
+    `: shutdown` comment. Either way they rejoin through haproxy with Last-Event-ID and
+    end with exactly the published sequence."""
+    producer = await HttpProducer.claim(fleet.client(), lease_seconds=60)
+    followers = followers_for(fleet, producer.run_id, 9)
+    total = 120
+    async with anyio.create_task_group() as tg:
+        for f in followers:
+            tg.start_soon(f.run, 70.0)
+        await poll("subscribers on every gateway", lambda: _spread(fleet, len(followers)), 15)
+        victim = fleet.gws[1]
+        for seq in range(total):
+            if seq == total // 2:
+                if how == "kill":
+                    victim.kill()
+                else:
+                    code = await anyio.to_thread.run_sync(victim.terminate)
+                    assert code == 0, victim.log()
+            await producer.publish_seq(seq)
+            await anyio.sleep(0.01)  # a realistic token pace, not synchronisation
+        await producer.end()
+        with anyio.fail_after(30):
+            for f in followers:
+                await f.done.wait()
+    moved = [f for f in followers if f.connections > 1]
+    assert moved, "no subscriber was on the lost gateway"
+    for f in followers:
+        assert f.terminal is not None and f.terminal.json()["status"] == "success"
+        assert_exact(f, producer.ids, list(range(total)))
+        assert all(1000 <= r <= 3000 for r in f.retries)
+    if how == "sigterm":
+        # A clean end, no dropped connection, a `retry:` hint per connection, jittered.
+        for f in moved:
+            assert f.shutdown_comments == 1 and f.drops == 0
+        hints = [r for f in followers for r in f.retries]
+        assert len(set(hints)) > 1, hints
+    else:
+        assert all(f.drops + f.unavailable_frames >= 1 for f in moved)
