@@ -18,9 +18,11 @@ monkey-patches uvicorn process-wide. This response keeps its behaviours:
   reconnect with `Last-Event-ID` after the jittered `retry:` hint.
 
 Frames already available are coalesced into one `send` (bounded by `COALESCE_BYTES`).
-A reader task pulls the bridge into a small bounded buffer; when the client is slow the
-reader stops pulling, so the subscription falls behind inside the bridge's retention
-(and gets a gap only if it falls out of it) without ever stalling the producer.
+A reader task pulls the bridge into a small bounded buffer without suspending while the
+bridge has items ready, so a burst reaches the writer, and the socket, as one write per
+wake-up rather than one per event. When the client is slow the reader stops pulling,
+so the subscription falls behind inside the bridge's retention (and gets a gap only if
+it falls out of it) without ever stalling the producer.
 
 A subscriber-side backend failure ends the response with an `unavailable` frame (no
 `id:`), never touching the producer. A disconnect never cancels the producer either.
@@ -28,13 +30,13 @@ A subscriber-side backend failure ends the response with an `unavailable` frame 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from typing import Final
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
@@ -59,7 +61,6 @@ SSE_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
     (b"x-accel-buffering", b"no"),
 )
 COALESCE_BYTES: Final = 64 * 1024
-BUFFER_FRAMES: Final = 256
 SEND_TIMEOUT: Final = 30.0
 CLOSE_TIMEOUT: Final = 5.0
 
@@ -102,18 +103,20 @@ class SSEResponse(Response):
                 {"type": "http.response.start", "status": 200, "headers": list(self._sse_headers)}
             )
             if self._subscribe is None:
-                await self._send(send, retry_frame() + self._final_frame, more=False)
+                with anyio.move_on_after(self._send_timeout):
+                    body = retry_frame() + self._final_frame
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
             await self._stream(receive, send, self._subscribe)
 
     async def _stream(self, receive: Receive, send: Send, subscribe: Subscribe) -> None:
-        tx, rx = anyio.create_memory_object_stream[tuple[bytes, int]](BUFFER_FRAMES)
+        frames = _Frames()
         async with anyio.create_task_group() as tg:
             reader_scope = anyio.CancelScope()
             tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-            tg.start_soon(self._read, subscribe, tx, reader_scope)
+            tg.start_soon(self._read, subscribe, frames, reader_scope)
             tg.start_soon(self._watch_drain, reader_scope)
-            completed = await self._write(rx, send)
+            completed = await self._write(frames, send)
             if not completed:
                 log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
             tg.cancel_scope.cancel()
@@ -129,79 +132,141 @@ class SSEResponse(Response):
         await self._registry.wait_draining()
         reader_scope.cancel()
 
-    async def _read(
-        self,
-        subscribe: Subscribe,
-        tx: MemoryObjectSendStream[tuple[bytes, int]],
-        scope: anyio.CancelScope,
-    ) -> None:
-        """Pull the bridge into the buffer; the last frame sent ends the response."""
-        async with tx:
+    async def _read(self, subscribe: Subscribe, frames: _Frames, scope: anyio.CancelScope) -> None:
+        """Pull the bridge into `frames`; the last frame put ends the response.
+
+        Items the bridge has ready are taken without suspending (an async generator that
+        does not wait does not yield to the loop), so the writer, woken for the next loop
+        iteration, finds everything that was ready and sends it in one write.
+        """
+        try:
             with scope:
                 items = subscribe()
                 try:
                     async for item in items:
                         if isinstance(item, StreamEvent):
-                            await tx.send((event_frame(item), 1))
+                            frames.put(event_frame(item), 1)
                         elif isinstance(item, Heartbeat):
-                            await tx.send((HEARTBEAT_FRAME, 0))
+                            frames.put(HEARTBEAT_FRAME, 0)
                         elif isinstance(item, End):
-                            await tx.send((end_frame(item), 0))
+                            frames.put(end_frame(item), 0)
                             return
                         elif isinstance(item, StreamGap):
-                            await tx.send((gap_frame(self.run_id, item), 0))
+                            frames.put(gap_frame(self.run_id, item), 0)
                             return
+                        if frames.size >= COALESCE_BYTES:
+                            await frames.wait_space()  # a slow client: stop pulling
                 except (BackendUnavailable, BridgeClosed, OSError) as exc:
                     log.warning("sse: run %s subscription failed: %r", self.run_id, exc)
-                    frame = unavailable_frame(self.run_id, str(exc) or "backend failure")
-                    with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
-                        await tx.send((frame, 0))
+                    frames.put(unavailable_frame(self.run_id, str(exc) or "backend failure"), 0)
                     return
                 finally:
                     await _aclose(items)
             if scope.cancel_called:  # drained by a server shutdown
-                with suppress(anyio.WouldBlock, anyio.BrokenResourceError):
-                    tx.send_nowait((SHUTDOWN_FRAME, 0))
+                frames.put(SHUTDOWN_FRAME, 0)
+        finally:
+            frames.close()
 
-    async def _write(self, rx: MemoryObjectReceiveStream[tuple[bytes, int]], send: Send) -> bool:
-        """Write frames as they come, coalescing what is ready; False on send timeout."""
-        pending = retry_frame()
-        delivered = 0
-        async with rx:
-            while True:
-                if not pending:
-                    try:
-                        frame, n = await rx.receive()
-                    except anyio.EndOfStream:
-                        return await self._send(send, b"", more=False)
-                    pending, delivered = frame, n
-                chunks = [pending]
-                size = len(pending)
-                done = False
-                while size < COALESCE_BYTES:
-                    try:
-                        frame, n = rx.receive_nowait()
-                    except anyio.WouldBlock:
-                        break
-                    except anyio.EndOfStream:
-                        done = True
-                        break
-                    chunks.append(frame)
-                    size += len(frame)
-                    delivered += n
-                if not await self._send(send, b"".join(chunks), more=not done):
-                    return False
-                if delivered and self._on_delivered is not None:
-                    self._on_delivered(delivered)
-                pending, delivered = b"", 0
-                if done:
-                    return True
-
-    async def _send(self, send: Send, body: bytes, *, more: bool) -> bool:
-        with anyio.move_on_after(self._send_timeout):
-            await send({"type": "http.response.body", "body": body, "more_body": more})
-            return True
+    async def _write(self, frames: _Frames, send: Send) -> bool:
+        """Write what is ready in one send per wake-up; False on send timeout."""
+        watchdog = _SendWatchdog(self._send_timeout)
+        with watchdog.scope:
+            try:
+                await watchdog.send(send, retry_frame(), more=True)
+                while True:
+                    if not frames.chunks and not frames.closed:
+                        await frames.wait_ready()
+                    body, delivered = frames.take()
+                    more = not frames.closed
+                    await watchdog.send(send, body, more=more)
+                    if delivered and self._on_delivered is not None:
+                        self._on_delivered(delivered)
+                    if not more:
+                        return True
+            finally:
+                watchdog.stop()
         return False
+
+
+class _Frames:
+    """Frames the reader has pulled and the writer has not sent yet (single loop, no locks).
+
+    Bounded: the reader waits once `size` reaches `COALESCE_BYTES` until the writer has
+    taken the lot, so a slow client only stops its own reader.
+    """
+
+    __slots__ = ("_ready", "_space", "chunks", "closed", "events", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.events = 0
+        self.closed = False
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+
+    def put(self, frame: bytes, events: int) -> None:
+        self.chunks.append(frame)
+        self.size += len(frame)
+        self.events += events
+        self._ready.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    def take(self) -> tuple[bytes, int]:
+        chunks, events = self.chunks, self.events
+        self.chunks, self.size, self.events = [], 0, 0
+        self._ready.clear()
+        self._space.set()
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), events
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    async def wait_space(self) -> None:
+        self._space.clear()
+        while self.size >= COALESCE_BYTES:
+            await self._space.wait()
+            self._space.clear()
+
+
+class _SendWatchdog:
+    """The send timeout without a cancel scope and timer per write.
+
+    One timer per response checks whether a send has been pending for `timeout`
+    seconds (a client that stopped reading) and then cancels the writer's scope.
+    """
+
+    __slots__ = ("_handle", "_loop", "_since", "scope", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.scope = anyio.CancelScope()
+        self._loop = asyncio.get_running_loop()
+        self._since: float | None = None
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout, self._check)
+
+    async def send(self, send: Send, body: bytes, *, more: bool) -> None:
+        self._since = self._loop.time()
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+        self._since = None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self._since
+        if since is not None and now - since >= self.timeout:
+            self._handle = None
+            self.scope.cancel()
+            return
+        due = (since if since is not None else now) + self.timeout
+        self._handle = self._loop.call_at(due, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def _aclose(items: AsyncIterator[StreamItem]) -> None:
