@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 
@@ -464,3 +465,84 @@ async def test_gateway_lost_mid_stream_clients_continue_exactly_through_haproxy(
         assert len(set(hints)) > 1, hints
     else:
         assert all(f.drops + f.unavailable_frames >= 1 for f in moved)
+
+
+# ------------------------------------------- a write whose reply is lost is never re-sent
+
+
+class ReplyDropper:
+    """A TCP relay in front of Redis that, once armed, forwards the next command that
+    contains `marker` and then cuts both connections before the reply comes back: the
+    command ran, the client never learns it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.armed = False
+        self.marker = b"EVALSHA"
+        self.cut = 0
+        self.port = 0
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        task_status.started()
+        await listener.serve(self._relay)
+
+    async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        swallow = anyio.Event()  # set: the next reply is dropped with the connections
+        async with client, await anyio.connect_tcp(*self.target) as server:
+            async with anyio.create_task_group() as tg:
+
+                async def up() -> None:
+                    async for chunk in client:
+                        if self.armed and self.marker in chunk:
+                            self.armed = False
+                            swallow.set()
+                        await server.send(chunk)
+
+                async def down() -> None:
+                    async for chunk in server:
+                        if swallow.is_set():  # Redis ran it; the client never hears
+                            self.cut += 1
+                            tg.cancel_scope.cancel()
+                            return
+                        await client.send(chunk)
+
+                tg.start_soon(up)
+                tg.start_soon(down)
+
+
+@pytest.mark.timeout(30)
+async def test_a_publish_whose_reply_is_lost_is_reported_unavailable_not_applied_twice(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """redis-py re-sends a command after a ConnectionError by default: for publish.lua
+    that would append the event twice. The bridge must surface BackendUnavailable (HTTP
+    503) instead, with the event applied exactly once."""
+    from gateway.bridge.provider import open_bridge
+    from gateway.errors import BackendUnavailable
+    from gateway.settings import Settings
+
+    dropper = ReplyDropper(("127.0.0.1", redis_server.port))
+    async with anyio.create_task_group() as tg:
+        await tg.start(dropper.serve)
+        settings = Settings(
+            redis_url=f"redis://127.0.0.1:{dropper.port}",
+            redis_key_prefix=key_prefix,
+            heartbeat_interval_seconds=0.5,
+        )
+        async with open_bridge(settings) as bridge:
+            claim = await bridge.claim("lost-reply", lease_seconds=30)
+            await bridge.publish("lost-reply", "token", {"seq": 0}, producer_token=claim.token)
+            dropper.armed = True
+            with pytest.raises(BackendUnavailable):
+                await bridge.publish("lost-reply", "token", {"seq": 1}, producer_token=claim.token)
+            assert dropper.cut == 1
+            # The producer's read-back: the write did happen, once.
+            info = await bridge.get_run("lost-reply")
+            assert info is not None and info.retained_events == 2
+            await bridge.publish("lost-reply", "token", {"seq": 2}, producer_token=claim.token)
+        tg.cancel_scope.cancel()
+    with redis_server.client() as c:
+        entries = c.xrange(f"{key_prefix}{{lost-reply}}:log")
+    assert [f[b"d"] for _, f in entries] == [b'{"seq":0}', b'{"seq":1}', b'{"seq":2}']
