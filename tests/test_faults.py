@@ -202,6 +202,7 @@ async def test_redis_restarted_without_persistence_is_an_explicit_gap_never_a_ha
         # The producer learns it too: its run is gone, so its token is refused.
         response = await producer.post_event(3)
         assert response.status_code == 409 and response.json()["error"] == "fenced"
+    print("outcomes:", [f.terminal.event if f.terminal else f.status for f in followers])
     for f in followers:
         assert f.seqs == [0, 1, 2]
         if f.terminal is not None:  # saw the removal while attached
@@ -210,6 +211,34 @@ async def test_redis_restarted_without_persistence_is_an_explicit_gap_never_a_ha
             assert gap["requested_event_id"] == producer.ids[-1]
         else:  # its read failed first (`unavailable`); the rejoin finds no such run
             assert f.status == 404
+
+
+@pytest.mark.timeout(30)
+async def test_lost_record_of_a_claimed_run_without_events_is_a_gap_not_endless_heartbeats(
+    redis_server_factory: Callable[..., RedisServer],
+    gateways: Callable[..., GatewayProcess],
+    key_prefix: str,
+) -> None:
+    """The subscriber attached before the first event (no log yet, only the run record);
+    Redis restarts empty. The record it saw is gone: an explicit gap, not a wait forever."""
+    redis = redis_server_factory()
+    gw = gateways(redis.url, key_prefix, heartbeat=0.5)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        producer = await HttpProducer.claim(client, lease_seconds=120)
+        follower = Follower(lambda: client, producer.run_id)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follower.run, 20.0)
+            await poll("attached", lambda: _open_sse(client, 1), 10)
+            redis.kill()
+            redis.restart()
+            with anyio.fail_after(10):
+                await follower.done.wait()
+    assert follower.events == []
+    if follower.terminal is not None:
+        gap = follower.terminal.json()
+        assert follower.terminal.event == "gap" and gap["reason"] == "stream_removed"
+    else:  # a read failed during the restart; the rejoin finds no such run
+        assert follower.status == 404
 
 
 async def _all_have(followers: list[Follower], n: int) -> bool:

@@ -462,6 +462,7 @@ class RedisStreamBridge:
                 if newest is not None and not _is_end(newest[1]):
                     position = newest[0]
         seen_stream = newest is not None
+        seen_record = False  # the run record (without a log yet) was there
         caught_up = False  # reading Redis directly until we reach the shared window
         idle_since = time.monotonic()
         async with self._notifier.attach(keys, newest[0] if newest else "0-0") as feed:
@@ -489,6 +490,13 @@ class RedisStreamBridge:
                     elif status and _text(status) != "running":
                         # The log of an ended run is gone but its record remains.
                         yield End(status=_text(status))  # type: ignore[arg-type]
+                        return
+                    elif status:
+                        seen_record = True  # claimed, nothing published yet
+                    elif seen_record:
+                        # The record we saw is gone too (Redis lost its data, or the
+                        # run expired): waiting would mean heartbeats forever.
+                        yield StreamGap(_requested(position), None, None, "stream_removed")
                         return
                     behind = check_gap and trimmed and position != "-"
                     if behind and parse_cursor(position) < parse_cursor(_text(trimmed)):
@@ -518,6 +526,8 @@ class RedisStreamBridge:
                 if now - idle_since >= interval:
                     if now - feed.last_read >= interval:
                         feed.mark_stale()  # a lost notification costs one interval at most
+                    if not seen_stream:
+                        caught_up = False  # no log yet: re-check the run record directly
                     yield HEARTBEAT
                     idle_since = time.monotonic()
                     continue
