@@ -154,6 +154,29 @@ def baseline_proc(
     return Proc(argv, port, cpus, log)
 
 
+def local_ports(pid: int) -> set[int]:
+    """Local TCP ports of the sockets process `pid` holds (from /proc, IPv4 loopback)."""
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def redis_connections_of(pid: int, client: Any) -> int:
+    """Connections of process `pid` among redis-server's CLIENT LIST (matched by port)."""
+    ports = local_ports(pid)
+    return sum(1 for c in client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports)
+
+
 def redis_cpu(client: Any) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -253,6 +276,7 @@ class LoadResult:
     last_done: float = 0.0  # unix time the last client finished
     first_event: float = 0.0  # unix time of the first data event anywhere
     cpu: float = 0.0  # CPU seconds of the worker processes
+    began: float = 0.0  # unix time the first worker started connecting
 
     def merge(self, other: LoadResult) -> None:
         self.clients += other.clients
@@ -270,6 +294,7 @@ class LoadResult:
                 min(self.first_event, other.first_event) if self.first_event else other.first_event
             )
         self.cpu += other.cpu
+        self.began = min(self.began, other.began) if self.began else other.began
 
 
 class _SSEProtocol(asyncio.Protocol):
@@ -400,6 +425,7 @@ class _Worker:
         self.all_done = asyncio.Event()
         sem = asyncio.Semaphore(self.opts["connect_concurrency"])
         started = time.perf_counter()
+        self.result.began = time.time()
         protos = await asyncio.gather(*(self._connect(s, sem) for s in self.specs))
         self.protos = [p for p in protos if p is not None]
         self.result.connected = len(self.protos)
@@ -562,7 +588,8 @@ async def http_produce(
     """Publish `events_per_run` events to every run over HTTP, then END each run.
 
     `rate=None`: every run's producer posts batches of `batch` back to back. Otherwise
-    each run publishes `rate` events/s, one event per POST, on an absolute schedule.
+    each run publishes `rate` events/s on an absolute schedule: one POST per tick of
+    max(1/rate, 5 ms) carrying the events due (each stamped with the POST's time).
     Returns (start, end) unix times of the publishing.
     """
     pad = b"x" * max(0, size - 40)
@@ -572,16 +599,19 @@ async def http_produce(
         headers = {"X-Producer-Token": token}
         path = f"/v1/runs/{run_id}/events"
         sent = 0
-        next_at = time.monotonic()
+        began = time.monotonic()
+        tick = 0.0 if rate is None else max(1 / rate, 0.005)
+        next_at = began
         while sent < events_per_run:
             if rate is None:
                 n = min(batch, events_per_run - sent)
             else:
-                n = 1
-                next_at += 1 / rate
+                next_at += tick
                 delay = next_at - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                due = int((time.monotonic() - began) * rate) + 1
+                n = max(1, min(due - sent, events_per_run - sent, batch))
             status, body = await client.request("POST", path, _batch_body(n, pad), headers)
             if status != 200:
                 raise RuntimeError(f"publish {run_id}: {status} {body[:200]!r}")
@@ -613,6 +643,7 @@ class Fanout:
     server_cpu: float  # seconds
     client_cpu: float
     finished: int
+    extra_cpu: float = 0.0  # e.g. redis-server
 
     @property
     def cpu_us_per_event(self) -> float:
@@ -629,12 +660,16 @@ def http_fanout(
     procs: int = 2,
     cpus: set[int] | None = None,
     tag: str = "r",
+    prepare: Any = None,
     produce: Any = None,
+    extra_cpu: Any = None,
 ) -> Fanout:
     """Subscribers connect, then a producer publishes; measured until every client's END.
 
-    `produce(run_ids) -> (start, end)` overrides the HTTP producer (the Redis benches
-    publish straight into Redis with the gateway's bridge).
+    Default producer: claims and publishes over HTTP. `prepare(run_ids) -> tokens` and
+    `produce(tokens) -> (start, end)` replace it (the Redis benches write straight into
+    Redis with the gateway's bridge). `extra_cpu()` is another process's CPU seconds
+    (redis-server) to report per delivered event too.
     """
     run_ids = [f"{tag}-{time.monotonic_ns()}-{i}" for i in range(runs)]
 
@@ -644,19 +679,21 @@ def http_fanout(
         client.close()
         return tokens
 
-    tokens = asyncio.run(claim_all()) if produce is None else {}
+    tokens = asyncio.run(claim_all()) if prepare is None else prepare(run_ids)
     specs = [ClientSpec(f"/v1/runs/{r}/stream") for r in run_ids for _ in range(subs_per_run)]
     load = SSELoad(server.port, specs, procs=procs, cpus=cpus, latency=True)
     connected = load.start()
     if connected != len(specs):
         raise RuntimeError(f"only {connected}/{len(specs)} subscribers connected")
     cpu0 = server.cpu()
+    extra0 = extra_cpu() if extra_cpu else 0.0
     if produce is None:
         start, _ = asyncio.run(http_produce(server.port, tokens, events_per_run, rate=rate))
     else:
-        start, _ = produce(run_ids)
+        start, _ = produce(tokens)
     result = load.wait(600)
     cpu = server.cpu() - cpu0
+    extra = (extra_cpu() - extra0) if extra_cpu else 0.0
     seconds = max(1e-9, result.last_done - start)
     return Fanout(
         subscribers=len(specs),
@@ -669,4 +706,5 @@ def http_fanout(
         server_cpu=cpu,
         client_cpu=result.cpu,
         finished=result.finished,
+        extra_cpu=extra,
     )

@@ -47,10 +47,10 @@ def main(quick: bool) -> None:
         for server in servers.values():  # warm-up: imports, first connections
             http_fanout(server, 1, 10, 200, cpus=LOAD_CPU)
 
-        print(f"1. 100 subscribers, 1 run, {1000 * scale} events, batches of 50 over HTTP")
+        print(f"1. 100 subscribers, 1 run, {2000 * scale} events, batches of 50 over HTTP")
         peak: dict[str, Fanout] = {}
         for name, server in servers.items():
-            peak[name] = http_fanout(server, 1, 100, 1000 * scale, cpus=LOAD_CPU)
+            peak[name] = http_fanout(server, 1, 100, 2000 * scale, cpus=LOAD_CPU)
             print(_line(name, peak[name]))
         print(f"  ratio gateway/baseline: {peak['gateway'].rate / peak['sse-starlette'].rate:.2f}")
 
