@@ -364,6 +364,8 @@
   }
 
   let producing = false;
+  let unloading = false;
+  window.addEventListener("pagehide", () => { unloading = true; });
   async function runProducer(resumed) {
     if (producing) return;
     producing = true;
@@ -390,9 +392,11 @@
             return;
           }
         } catch (err) {
-          // fenced (lease lost or taken over) or ended: this page no longer produces.
-          save(localStorage, PRODUCER_KEY, null);
-          message(`demo producer stopped: ${err.message}`, true);
+          // A reply such as 409 fenced/ended: this page no longer produces. A failed
+          // fetch (no status: network error, or the page is unloading for a reload)
+          // keeps the job, so the next page load resumes it.
+          if (err.status) save(localStorage, PRODUCER_KEY, null);
+          if (!unloading) message(`demo producer stopped: ${err.message}`, true);
           return;
         }
         await new Promise((resolve) => setTimeout(resolve, job.delay));
