@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
-from contextlib import ExitStack
-from typing import Final
+from typing import Any, ClassVar, Final
 
 import anyio
 from starlette.responses import Response
@@ -97,8 +97,7 @@ class SSEResponse(Response):
         self._send_timeout = send_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with ExitStack() as stack:
-            stack.enter_context(self._registry.track(self.run_id, "sse"))
+        with self._registry.track(self.run_id, "sse"):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": list(self._sse_headers)}
             )
@@ -110,163 +109,254 @@ class SSEResponse(Response):
             await self._stream(receive, send, self._subscribe)
 
     async def _stream(self, receive: Receive, send: Send, subscribe: Subscribe) -> None:
-        frames = _Frames()
-        async with anyio.create_task_group() as tg:
-            reader_scope = anyio.CancelScope()
-            tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-            tg.start_soon(self._read, subscribe, frames, reader_scope)
-            tg.start_soon(self._watch_drain, reader_scope)
-            completed = await self._write(frames, send)
-            if not completed:
-                log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
-            tg.cancel_scope.cancel()
+        """Writer in this task, the bridge reader and the disconnect watcher beside it.
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        Plain asyncio tasks rather than an anyio task group: an idle stream is what a
+        process holds thousands of, and a task group with three tasks costs ~3x the
+        memory of three bare tasks. Drain is a registry callback, not a waiting task.
+        """
+        loop = asyncio.get_running_loop()
+        frames = _Frames()
+        writer = _Writer(self._send_timeout, asyncio.current_task())
+        reader = loop.create_task(self._read(subscribe, frames))
+        watcher = loop.create_task(self._watch_disconnect(receive, frames, reader, writer))
+
+        def drain() -> None:
+            if not reader.done():
+                frames.draining = True
+                reader.cancel()
+
+        def reader_done(task: asyncio.Task[None]) -> None:
+            if task.cancelled() and frames.draining and not frames.disconnected:
+                frames.put(SHUTDOWN_FRAME, 0)  # drained by a server shutdown: end cleanly
+            frames.close()  # the last frame put ends the response
+
+        reader.add_done_callback(reader_done)
+        remove_drain = self._registry.on_drain(drain)
+        try:
+            completed = await self._write(frames, send, writer)
+            if not completed and not frames.disconnected:
+                log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
+        finally:
+            remove_drain()
+            watcher.cancel()
+            if not reader.done():
+                reader.cancel()
+            # The reader closes the bridge subscription (shielded) before it finishes;
+            # wait for it so every resource is freed when the response returns.
+            await asyncio.wait([reader, watcher])
+            if not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+
+    async def _watch_disconnect(
+        self, receive: Receive, frames: _Frames, reader: asyncio.Task[None], writer: _Writer
+    ) -> None:
         while True:
             message: Message = await receive()
             if message["type"] == "http.disconnect":
-                scope.cancel()
+                frames.disconnected = True
+                frames.close()
+                reader.cancel()
+                writer.stop("disconnect")
                 return
 
-    async def _watch_drain(self, reader_scope: anyio.CancelScope) -> None:
-        await self._registry.wait_draining()
-        reader_scope.cancel()
-
-    async def _read(self, subscribe: Subscribe, frames: _Frames, scope: anyio.CancelScope) -> None:
+    async def _read(self, subscribe: Subscribe, frames: _Frames) -> None:
         """Pull the bridge into `frames`; the last frame put ends the response.
 
         Items the bridge has ready are taken without suspending (an async generator that
         does not wait does not yield to the loop), so the writer, woken for the next loop
         iteration, finds everything that was ready and sends it in one write.
         """
+        items = subscribe()
         try:
-            with scope:
-                items = subscribe()
-                try:
-                    async for item in items:
-                        if isinstance(item, StreamEvent):
-                            frames.put(event_frame(item), 1)
-                        elif isinstance(item, Heartbeat):
-                            frames.put(HEARTBEAT_FRAME, 0)
-                        elif isinstance(item, End):
-                            frames.put(end_frame(item), 0)
-                            return
-                        elif isinstance(item, StreamGap):
-                            frames.put(gap_frame(self.run_id, item), 0)
-                            return
-                        if frames.size >= COALESCE_BYTES:
-                            await frames.wait_space()  # a slow client: stop pulling
-                except (BackendUnavailable, BridgeClosed, OSError) as exc:
-                    log.warning("sse: run %s subscription failed: %r", self.run_id, exc)
-                    frames.put(unavailable_frame(self.run_id, str(exc) or "backend failure"), 0)
+            async for item in items:
+                if isinstance(item, StreamEvent):
+                    frames.put(event_frame(item), 1)
+                elif isinstance(item, Heartbeat):
+                    frames.put(HEARTBEAT_FRAME, 0)
+                elif isinstance(item, End):
+                    frames.put(end_frame(item), 0)
                     return
-                finally:
-                    await _aclose(items)
-            if scope.cancel_called:  # drained by a server shutdown
-                frames.put(SHUTDOWN_FRAME, 0)
+                elif isinstance(item, StreamGap):
+                    frames.put(gap_frame(self.run_id, item), 0)
+                    return
+                if frames.size >= COALESCE_BYTES:
+                    await frames.wait_space()  # a slow client: stop pulling
+        except (BackendUnavailable, BridgeClosed, OSError) as exc:
+            log.warning("sse: run %s subscription failed: %r", self.run_id, exc)
+            frames.put(unavailable_frame(self.run_id, str(exc) or "backend failure"), 0)
+            return
         finally:
-            frames.close()
+            await _aclose(items)
 
-    async def _write(self, frames: _Frames, send: Send) -> bool:
-        """Write what is ready in one send per wake-up; False on send timeout."""
-        watchdog = _SendWatchdog(self._send_timeout)
-        with watchdog.scope:
-            try:
-                await watchdog.send(send, retry_frame(), more=True)
-                while True:
-                    if not frames.chunks and not frames.closed:
-                        await frames.wait_ready()
-                    body, delivered = frames.take()
-                    more = not frames.closed
-                    await watchdog.send(send, body, more=more)
-                    if delivered and self._on_delivered is not None:
-                        self._on_delivered(delivered)
-                    if not more:
-                        return True
-            finally:
-                watchdog.stop()
-        return False
+    async def _write(self, frames: _Frames, send: Send, writer: _Writer) -> bool:
+        """Write what is ready in one send per wake-up; False on send timeout/disconnect."""
+        try:
+            await writer.send(send, retry_frame(), more=True)
+            while True:
+                if not frames.chunks and not frames.closed:
+                    await frames.wait_ready()
+                if frames.disconnected:
+                    return False
+                body, delivered = frames.take()
+                more = not frames.closed
+                await writer.send(send, body, more=more)
+                if delivered and self._on_delivered is not None:
+                    self._on_delivered(delivered)
+                if not more:
+                    return True
+        except asyncio.CancelledError:
+            if writer.stopped is None:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            return False
+        except OSError:  # the client went away mid-write (servers other than uvicorn)
+            return False
+        finally:
+            writer.close()
 
 
 class _Frames:
     """Frames the reader has pulled and the writer has not sent yet (single loop, no locks).
 
     Bounded: the reader waits once `size` reaches `COALESCE_BYTES` until the writer has
-    taken the lot, so a slow client only stops its own reader.
+    taken the lot, so a slow client only stops its own reader. Waits use a future made
+    on demand (an idle stream holds one, not two preallocated `asyncio.Event`s).
     """
 
-    __slots__ = ("_ready", "_space", "chunks", "closed", "events", "size")
+    __slots__ = (
+        "_ready",
+        "_space",
+        "chunks",
+        "closed",
+        "disconnected",
+        "draining",
+        "events",
+        "size",
+    )
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.size = 0
         self.events = 0
         self.closed = False
-        self._ready = asyncio.Event()
-        self._space = asyncio.Event()
+        self.disconnected = False
+        self.draining = False
+        self._ready: asyncio.Future[None] | None = None  # the writer waits on it
+        self._space: asyncio.Future[None] | None = None  # the reader waits on it
 
     def put(self, frame: bytes, events: int) -> None:
         self.chunks.append(frame)
         self.size += len(frame)
         self.events += events
-        self._ready.set()
+        _wake(self._ready)
 
     def close(self) -> None:
         self.closed = True
-        self._ready.set()
+        _wake(self._ready)
 
     def take(self) -> tuple[bytes, int]:
         chunks, events = self.chunks, self.events
         self.chunks, self.size, self.events = [], 0, 0
-        self._ready.clear()
-        self._space.set()
+        _wake(self._space)
         return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), events
 
     async def wait_ready(self) -> None:
-        await self._ready.wait()
+        while not self.chunks and not self.closed:
+            self._ready = asyncio.get_running_loop().create_future()
+            try:
+                await self._ready
+            finally:
+                self._ready = None
 
     async def wait_space(self) -> None:
-        self._space.clear()
-        while self.size >= COALESCE_BYTES:
-            await self._space.wait()
-            self._space.clear()
+        while self.size >= COALESCE_BYTES and not self.closed:
+            self._space = asyncio.get_running_loop().create_future()
+            try:
+                await self._space
+            finally:
+                self._space = None
 
 
-class _SendWatchdog:
-    """The send timeout without a cancel scope and timer per write.
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
-    One timer per response checks whether a send has been pending for `timeout`
-    seconds (a client that stopped reading) and then cancels the writer's scope.
-    """
 
-    __slots__ = ("_handle", "_loop", "_since", "scope", "timeout")
+class _Writer:
+    """Sends body chunks under the send timeout, watched by the loop's `_SendWatch`."""
 
-    def __init__(self, timeout: float) -> None:
+    __slots__ = ("_task", "_watch", "stopped", "timeout")
+
+    def __init__(self, timeout: float, task: asyncio.Task[Any] | None) -> None:
         self.timeout = timeout
-        self.scope = anyio.CancelScope()
-        self._loop = asyncio.get_running_loop()
-        self._since: float | None = None
-        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout, self._check)
+        self.stopped: str | None = None
+        self._task = task
+        self._watch = _SendWatch.of(asyncio.get_running_loop())
 
     async def send(self, send: Send, body: bytes, *, more: bool) -> None:
-        self._since = self._loop.time()
-        await send({"type": "http.response.body", "body": body, "more_body": more})
-        self._since = None
+        self._watch.begin(self)
+        try:
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+        finally:
+            self._watch.end(self)
 
-    def _check(self) -> None:
+    def stop(self, reason: str) -> None:
+        """Cancel the writing task if a send is in flight (timeout or disconnect)."""
+        if self.stopped is None and self._watch.sending(self) and self._task is not None:
+            self.stopped = reason
+            self._task.cancel()
+
+    def close(self) -> None:
+        self._watch.end(self)
+
+
+class _SendWatch:
+    """The send timeout of every SSE response on one loop: one timer, not one per write.
+
+    Writers register a send while it is in flight; while any is, a tick (a quarter of
+    the shortest timeout, at most 1 s) stops the writers whose send has been pending for
+    their timeout: a client that stopped reading is dropped within ~1.25x the timeout.
+    """
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SendWatch]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._inflight: dict[_Writer, float] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _SendWatch:
+        watch = cls._by_loop.get(loop)
+        if watch is None:
+            watch = cls._by_loop[loop] = cls(loop)
+        return watch
+
+    def begin(self, writer: _Writer) -> None:
+        self._inflight[writer] = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_later(min(1.0, writer.timeout / 4), self._tick)
+
+    def end(self, writer: _Writer) -> None:
+        self._inflight.pop(writer, None)
+
+    def sending(self, writer: _Writer) -> bool:
+        return writer in self._inflight
+
+    def _tick(self) -> None:
+        self._handle = None
         now = self._loop.time()
-        since = self._since
-        if since is not None and now - since >= self.timeout:
-            self._handle = None
-            self.scope.cancel()
-            return
-        due = (since if since is not None else now) + self.timeout
-        self._handle = self._loop.call_at(due, self._check)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        for writer, since in list(self._inflight.items()):
+            if now - since >= writer.timeout:
+                writer.stop("send timeout")
+        if self._inflight:
+            tick = min(1.0, min(w.timeout for w in self._inflight) / 4)
+            self._handle = self._loop.call_later(tick, self._tick)
 
 
 async def _aclose(items: AsyncIterator[StreamItem]) -> None:

@@ -9,7 +9,7 @@ SSE response on graceful shutdown.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
@@ -26,6 +26,7 @@ class SubscriptionRegistry:
         self._by_run: Counter[str] = Counter()
         self._draining = anyio.Event()
         self._changed = anyio.Event()
+        self._drain_callbacks: set[Callable[[], None]] = set()
 
     @contextmanager
     def track(self, run_id: str, kind: SubscriptionKind) -> Iterator[None]:
@@ -74,6 +75,19 @@ class SubscriptionRegistry:
     def drain(self) -> None:
         """Ask every open SSE response and `/wait` to finish now (server shutdown)."""
         self._draining.set()
+        for callback in list(self._drain_callbacks):
+            callback()
+
+    def on_drain(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` on drain (at once if draining already); returns its remover.
+
+        What an open SSE response uses instead of a task waiting for the drain.
+        """
+        if self.draining:
+            callback()
+            return lambda: None
+        self._drain_callbacks.add(callback)
+        return lambda: self._drain_callbacks.discard(callback)
 
     @property
     def draining(self) -> bool:
