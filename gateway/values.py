@@ -99,6 +99,9 @@ class EndResult:
     id: str | None  # None only for a recovery END that found no stream (a no-op)
     deduplicated: bool
     session_id: str | None = None
+    # True when this call ran the legacy END scan of the retained window (Redis only,
+    # `legacy_end_scan_enabled` and a non-END tail); it cost O(retained bytes) in Redis.
+    legacy_scanned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@
 -- ARGV[5]  how long the finished log stays readable, ms
 -- ARGV[6]  TTL of the run record after END, ms
 --
--- Returns {"ok", end_id, deduplicated (0|1), session_id_or_""}
+-- Returns {"ok", end_id, deduplicated (0|1), session_id_or_"", scanned (0|1)}
+--         scanned is 1 when this call ran the legacy scan of the retained window
 --       | {"noop"}                         recovery END on a missing stream: nothing created
 --       | {"fenced", "token" | "lease_expired" | "lease_live"}
 local now_parts = redis.call('TIME')
@@ -47,24 +48,26 @@ end
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 if tail and tail[2][1] == 'end' then
   if meta[3] == 'running' or not meta[3] then settle(tail[1], tail[2][2]) end
-  return {'ok', tail[1], 1, session}
+  return {'ok', tail[1], 1, session, 0}
 end
 if not tail and meta[3] and meta[3] ~= 'running' then
-  return {'ok', meta[4] or '', 1, session}
+  return {'ok', meta[4] or '', 1, session, 0}
 end
 -- Repeating an END is idempotent even after the lease lapsed; a first END is not.
 if ARGV[1] ~= '' and lease_until <= now then
   return {'fenced', 'lease_expired'}
 end
 
+local scanned = 0
 if ARGV[4] == '1' and tail then
+  scanned = 1
   local cursor = '-'
   while true do
     local page = redis.call('XRANGE', KEYS[2], cursor, '+', 'COUNT', 512)
     for _, entry in ipairs(page) do
       if entry[2][1] == 'end' then
         settle(entry[1], entry[2][2])
-        return {'ok', entry[1], 1, session}
+        return {'ok', entry[1], 1, session, 1}
       end
     end
     if #page < 512 then break end
@@ -80,4 +83,4 @@ else
 end
 settle(end_id, ARGV[2])
 redis.call('PUBLISH', KEYS[2], '')  -- wake the gateways following this run
-return {'ok', end_id, 0, session}
+return {'ok', end_id, 0, session, scanned}

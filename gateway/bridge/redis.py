@@ -53,7 +53,7 @@ from ..values import (
 )
 from .keys import FIELD_END, FIELD_ERROR, RunKeys, check_prefix, run_keys
 from .redis_fanout import Notifier
-from .scripts import lua_source
+from .scripts import ensure_loaded, lua_source
 
 RedisClient = Redis | RedisCluster
 T = TypeVar("T")
@@ -161,8 +161,12 @@ class RedisStreamBridge:
             name: commands.register_script(lua_source(name))
             for name in ("claim", "publish", "publish_end", "renew_lease", "read", "cancel")
         }
+        # Plain counters for the HTTP layer's metrics (the bridge imports no metrics code).
+        self.notifier_reconnects = 0
         self._notifier = Notifier(
-            _notification_client(commands, settings), settings.fanout_window_events
+            _notification_client(commands, settings),
+            settings.fanout_window_events,
+            on_reconnect=self._count_notifier_reconnect,
         )
         self._task_group: TaskGroup | None = None
 
@@ -193,6 +197,9 @@ class RedisStreamBridge:
             self._task_group.cancel_scope.cancel()
             await self._task_group.__aexit__(None, None, None)
             self._task_group = None
+
+    def _count_notifier_reconnect(self) -> None:
+        self.notifier_reconnects += 1
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -346,6 +353,7 @@ class RedisStreamBridge:
             id=_text(reply[1]) or None,
             deduplicated=reply[2] == 1,
             session_id=_text(reply[3]) or None,
+            legacy_scanned=len(reply) > 4 and reply[4] == 1,
         )
 
     async def request_cancel(self, run_id: str) -> bool:
@@ -538,6 +546,15 @@ class RedisStreamBridge:
 
     async def ping(self) -> None:
         await self._call(self._redis.ping, resend=False)  # readiness: no retry delay
+
+    async def ensure_scripts(self) -> int:
+        """Readiness: load any of the bridge's Lua scripts Redis lacks; how many it loaded.
+
+        Writes would reload a flushed script on NOSCRIPT anyway; this makes readiness
+        say whether the scripts can be loaded at all, before traffic arrives.
+        """
+        scripts = list(self._scripts.values())
+        return await self._call(lambda: ensure_loaded(self._redis, scripts), resend=False)
 
     async def close(self) -> None:
         if self._closed:

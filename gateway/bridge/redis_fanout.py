@@ -146,9 +146,15 @@ def _text(value: bytes | str) -> str:
 class Notifier:
     """Owns the process's pub/sub connection and the registry of live feeds."""
 
-    def __init__(self, connect: Callable[[], Redis], window: int) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Redis],
+        window: int,
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
         self._connect = connect
         self._window = window
+        self._on_reconnect = on_reconnect  # told each time the connection is re-established
         self._feeds: dict[str, RunFeed] = {}
         self._pubsub: Any = None
         self._closed = False
@@ -189,6 +195,7 @@ class Notifier:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen for change notifications until cancelled, reconnecting on failure."""
         started = False
+        connected_before = False
         backoff = 0.05
         while True:
             client = self._connect()
@@ -199,6 +206,9 @@ class Notifier:
                 self._pubsub = pubsub
                 for feed in list(self._feeds.values()):
                     feed.mark_stale()  # whatever happened while we were away
+                if connected_before and self._on_reconnect is not None:
+                    self._on_reconnect()
+                connected_before = True
                 if not started:
                     started = True
                     task_status.started()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from redis.commands.core import AsyncScript
 
 _PACKAGED = Path(__file__).resolve().parent.parent / "lua"  # installed wheel
 _SOURCE = Path(__file__).resolve().parent.parent.parent / "lua"  # source checkout
@@ -20,3 +24,19 @@ def _lua_dir() -> Path:
 def lua_source(name: str) -> str:
     """The text of `lua/<name>.lua` (read once per process)."""
     return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+
+
+async def ensure_loaded(client: Any, scripts: Sequence[AsyncScript]) -> int:
+    """Load whichever of `scripts` Redis lacks (after a `SCRIPT FLUSH` or a restart).
+
+    `SCRIPT EXISTS` on a Redis Cluster asks every primary and reports a script as
+    present only where all have it; `SCRIPT LOAD` goes to every primary. Returns how
+    many scripts were (re)loaded; errors are the client's (the caller wraps them).
+    """
+    if not scripts:
+        return 0
+    present = await client.script_exists(*(script.sha for script in scripts))
+    missing = [script for script, there in zip(scripts, present, strict=True) if not there]
+    for script in missing:
+        await client.script_load(script.script)
+    return len(missing)

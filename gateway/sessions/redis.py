@@ -39,7 +39,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
-from ..bridge.scripts import lua_source
+from ..bridge.scripts import ensure_loaded, lua_source
 from ..errors import BackendUnavailable, SessionActive
 from ..names import check_run_id, check_session_id
 from ..settings import Settings
@@ -122,6 +122,11 @@ class RedisSessionStore:
             raise BackendUnavailable(f"Redis is unavailable: {exc}") from exc
         except redis_errors.RedisError as exc:
             raise BackendUnavailable(f"Redis error: {exc}") from exc
+
+    async def ensure_scripts(self) -> int:
+        """Readiness: load any of the session scripts Redis lacks; how many it loaded."""
+        scripts = list(self._scripts.values())
+        return await self._call(lambda: ensure_loaded(self._redis, scripts))
 
     async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self._scripts[name]
