@@ -371,6 +371,7 @@ class _Worker:
         self.result = LoadResult(clients=len(specs))
         self.protos: list[_SSEProtocol] = []
         self.open = 0
+        self.connecting = True  # `open` is only counted once every client connected
         self.all_done: asyncio.Event | None = None
 
     def client_done(self, proto: _SSEProtocol) -> None:
@@ -384,7 +385,7 @@ class _Worker:
     def _closed_one(self) -> None:
         self.open -= 1
         self.result.last_done = time.time()
-        if self.open <= 0 and self.all_done is not None:
+        if self.open <= 0 and self.all_done is not None and not self.connecting:
             self.all_done.set()
 
     async def _connect(self, spec: ClientSpec, sem: asyncio.Semaphore) -> _SSEProtocol | None:
@@ -431,6 +432,7 @@ class _Worker:
         self.result.connected = len(self.protos)
         self.result.failed = len(self.specs) - len(self.protos)
         self.open = sum(1 for p in self.protos if not p.finished)
+        self.connecting = False
         if self.open <= 0:
             self.all_done.set()
         conn.send(
