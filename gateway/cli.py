@@ -205,6 +205,7 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
             host=settings.host,
             port=settings.port,
             log_config=None,  # keep the logging configured by gateway.logging
+            access_log=False,  # gateway.http.observe logs one structured line per request
             lifespan="on",
             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         )

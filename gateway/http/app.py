@@ -6,7 +6,9 @@ work (the producer-liveness monitor). On exit it drains open SSE responses and w
 then cancels the task group; bridge teardown is shielded inside the provider.
 
 `app.state.gateway` is the `GatewayState` (bridge, settings, subscription registry,
-metrics, authenticator). Call `drain(app)` (or use `gateway.http.server.GatewayServer`)
+metrics, authenticator). `RequestLogMiddleware` (`observe.py`) wraps every route: request
+ids and one log line per request; the lifespan logs `startup`, `drain` and `shutdown`.
+Call `drain(app)` (or use `gateway.http.server.GatewayServer`)
 when the server starts shutting down, so SSE responses end cleanly before uvicorn waits
 for connections to close.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -33,6 +36,7 @@ from .auth import Authenticator
 from .errors import install_error_handlers
 from .liveness import monitor
 from .metrics import Metrics
+from .observe import RequestLogMiddleware, lifecycle
 from .openapi import openapi_document
 from .responses import json_response
 from .state import GatewayState
@@ -56,7 +60,8 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
     state = GatewayState(
         settings=settings,
         subscriptions=subscriptions,
-        metrics=Metrics(subscriptions),
+        # read at scrape time: the bridge's own counters (e.g. notifier reconnects)
+        metrics=Metrics(subscriptions, bridge=lambda: state.bridge_),
         auth=Authenticator.from_settings(settings),
         bridge_=bridge,
         sessions_=None if bridge is None else session_store_for(bridge, settings),
@@ -79,15 +84,22 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
                         state.sessions,
                     )
                     state.started = True
+                    lifecycle(
+                        "startup",
+                        "gateway serving",
+                        backend="redis" if settings.redis_url else "memory",
+                        legacy_end_scan=settings.legacy_end_scan_enabled,
+                    )
                     try:
                         yield
                     finally:
-                        subscriptions.drain()
+                        _drain(state)
                         tg.cancel_scope.cancel()
             finally:
                 state.started = False
                 if bridge is None:
                     state.bridge_ = state.sessions_ = None
+                lifecycle("shutdown", "gateway stopped")
 
     routes = [
         *producer.routes,
@@ -100,7 +112,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         Route("/", _console, methods=["GET"], include_in_schema=False),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RequestLogMiddleware)])
     install_error_handlers(app)
     app.state.gateway = state
     return app
@@ -109,4 +121,15 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
 def drain(app: Starlette) -> None:
     """End every open SSE response and `/wait` cleanly (call on the app's event loop)."""
     state: GatewayState = app.state.gateway
+    _drain(state)
+
+
+def _drain(state: GatewayState) -> None:
+    if not state.subscriptions.draining:
+        lifecycle(
+            "drain",
+            "draining open SSE responses and /wait calls",
+            open_sse=state.subscriptions.open_sse,
+            open_waits=state.subscriptions.open_waits,
+        )
     state.subscriptions.drain()

@@ -30,6 +30,7 @@ from ..errors import (
     StreamEnded,
     Unauthorized,
 )
+from .observe import note_error, note_http_error
 from .responses import json_response
 
 RETRY_AFTER_SECONDS: Final = 1
@@ -82,22 +83,25 @@ def gateway_error_response(exc: GatewayError) -> Response:
     return error_response(status, exc.code, detail, headers)
 
 
-async def _on_gateway_error(_request: Request, exc: Exception) -> Response:
+async def _on_gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
+    note_error(request, exc)  # outcome of the request log line, metrics, lifecycle line
     return gateway_error_response(exc)
 
 
-async def _on_http_error(_request: Request, exc: Exception) -> Response:
+async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HttpError)
+    note_http_error(request, exc.code)
     return error_response(exc.status, exc.code, exc.detail)
 
 
 _STARLETTE_CODES: Final = {404: "not_found", 405: "method_not_allowed"}
 
 
-async def _on_starlette_http_exception(_request: Request, exc: Exception) -> Response:
+async def _on_starlette_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _STARLETTE_CODES.get(exc.status_code, "http_error")
+    note_http_error(request, code)
     headers = dict(exc.headers) if exc.headers else None
     return error_response(exc.status_code, code, str(exc.detail), headers)
 

@@ -19,6 +19,7 @@ from ..bridge.base import StreamBridge
 from ..errors import GatewayError
 from ..sessions.base import SessionStore
 from .metrics import Metrics
+from .observe import lifecycle
 from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,18 @@ async def check_run(
     info = await bridge.get_run(run_id)
     if info is None or info.ended or info.lease_expires_at > time.time():
         return False
+    started = time.perf_counter()
     result = await bridge.publish_end(run_id, "producer_lost", producer_token=None)
+    if metrics is not None:
+        metrics.end_published(result, started)
     if result.id is not None and not result.deduplicated:
-        log.warning("run %s: producer lease expired without END; appended producer_lost", run_id)
+        lifecycle(
+            "recovery_end",
+            "producer lease expired without END; appended producer_lost",
+            level=logging.WARNING,
+            run_id=run_id,
+            end_id=result.id,
+        )
         if metrics is not None:
             metrics.recovery_ends.inc()
         if sessions is not None and result.session_id is not None:

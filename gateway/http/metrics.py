@@ -1,52 +1,174 @@
 """Prometheus metrics of one app instance (its own registry, so several apps can coexist).
 
-Basic set for now: open SSE subscribers, open `/wait` calls, events published, events
-delivered to SSE clients, recovery ENDs appended. The operations work adds more here.
+Every metric is documented in docs/operations.md ("Metrics"). The hot path (SSE
+writes) touches only pre-bound children: labelled counters are resolved once here,
+never per event. Backend counters that the bridge keeps as plain integers (it imports
+no metrics code) are read at scrape time by `_BridgeCollector`.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+import time
+from collections.abc import Callable, Iterator
+from typing import Final, Literal
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from ..values import EndResult
 from .subscriptions import SubscriptionRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+ResumeOutcome = Literal[
+    "exact", "gap_trimmed", "gap_stream_removed", "malformed_cursor", "from_start"
+]
+RESUME_OUTCOMES: Final[tuple[ResumeOutcome, ...]] = (
+    "exact",
+    "gap_trimmed",
+    "gap_stream_removed",
+    "malformed_cursor",
+    "from_start",
+)
+GAP_REASONS: Final = ("trimmed", "stream_removed", "bridge_closed")
+ROUTE_KINDS: Final = ("producer", "subscriber", "sse", "sessions", "operator", "ops", "other")
+LAG_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SCAN_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class _BridgeCollector(Collector):
+    """Reads the bridge's plain counters at scrape time (0 while no bridge is open)."""
+
+    def __init__(self, bridge: Callable[[], object | None]) -> None:
+        self._bridge = bridge
+
+    def collect(self) -> Iterator[Metric]:
+        reconnects = getattr(self._bridge(), "notifier_reconnects", 0)
+        yield self._family(reconnects if isinstance(reconnects, int) else 0)
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family(0)  # names only: called at registration, before any bridge
+
+    @staticmethod
+    def _family(reconnects: int) -> Metric:
+        return CounterMetricFamily(
+            "gateway_redis_notifier_reconnects",
+            "Times the Redis bridge's pub/sub (change notification) connection was "
+            "re-established after it failed.",
+            value=reconnects,
+        )
+
 
 class Metrics:
-    def __init__(self, subscriptions: SubscriptionRegistry) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(
+        self,
+        subscriptions: SubscriptionRegistry,
+        bridge: Callable[[], object | None] = lambda: None,
+    ) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
         self.open_subscribers = Gauge(
             "gateway_sse_open_subscribers",
             "Open SSE responses in this process.",
-            registry=self.registry,
+            registry=registry,
         )
         self.open_subscribers.set_function(lambda: subscriptions.open_sse)
         self.open_waits = Gauge(
             "gateway_wait_open_requests",
             "Open /wait requests in this process.",
-            registry=self.registry,
+            registry=registry,
         )
         self.open_waits.set_function(lambda: subscriptions.open_waits)
         self.events_published = Counter(
             "gateway_events_published",
             "Events appended through the producer API of this process.",
-            registry=self.registry,
+            registry=registry,
         )
         self.events_delivered = Counter(
             "gateway_events_delivered",
             "Data events written to SSE clients by this process.",
-            registry=self.registry,
+            registry=registry,
+        )
+        self.bytes_out = Counter(
+            "gateway_sse_bytes_out",
+            "Bytes of SSE body written to clients (every frame: retry, events, "
+            "heartbeats, terminal frames).",
+            registry=registry,
+        )
+        resumes = Counter(
+            "gateway_sse_resumes",
+            "SSE subscriptions started, by how their cursor was served (one per response).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.resumes = {outcome: resumes.labels(outcome) for outcome in RESUME_OUTCOMES}
+        gaps = Counter(
+            "gateway_sse_gaps",
+            "Gap frames served (the response ends after one), by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.gaps = {reason: gaps.labels(reason) for reason in GAP_REASONS}
+        self.drained = Counter(
+            "gateway_sse_drained",
+            "SSE responses ended by a graceful shutdown (drain).",
+            registry=registry,
+        )
+        self.lag = Histogram(
+            "gateway_sse_delivery_lag_seconds",
+            "Per SSE write carrying events: write time minus the later of the newest "
+            "event's publish time (its id's ms part) and the response's start.",
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+        self.fenced_writes = Counter(
+            "gateway_fenced_writes",
+            "Producer writes refused as fenced (stale or wrong producer token).",
+            registry=registry,
+        )
+        self.writes_after_end = Counter(
+            "gateway_writes_after_end",
+            "Producer writes refused because the run log already ends (409 ended).",
+            registry=registry,
         )
         self.recovery_ends = Counter(
             "gateway_recovery_ends",
             "producer_lost ENDs appended for runs whose lease expired.",
-            registry=self.registry,
+            registry=registry,
         )
+        self.legacy_scans = Counter(
+            "gateway_legacy_end_scans",
+            "publish_end calls that ran the legacy END scan of the retained window.",
+            registry=registry,
+        )
+        self.legacy_scan_seconds = Histogram(
+            "gateway_legacy_end_scan_seconds",
+            "Duration of publish_end calls that ran the legacy END scan (round trip).",
+            buckets=SCAN_BUCKETS,
+            registry=registry,
+        )
+        unavailable = Counter(
+            "gateway_backend_unavailable",
+            "Requests and SSE streams that failed because the backend was unreachable "
+            "or erred (503 backend_unavailable, SSE unavailable frame), by route kind.",
+            ["route_kind"],
+            registry=registry,
+        )
+        self.backend_unavailable = {kind: unavailable.labels(kind) for kind in ROUTE_KINDS}
+        registry.register(_BridgeCollector(bridge))
 
     def delivered(self, count: int) -> None:
         self.events_delivered.inc(count)
+
+    def end_published(self, result: EndResult, started: float) -> None:
+        """Account one `publish_end` call that began at `started` (`time.perf_counter()`)."""
+        if result.legacy_scanned:
+            self.legacy_scans.inc()
+            self.legacy_scan_seconds.observe(time.perf_counter() - started)
+
+    def unavailable(self, route_kind: str) -> None:
+        self.backend_unavailable.get(route_kind, self.backend_unavailable["other"]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

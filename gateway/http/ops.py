@@ -1,12 +1,21 @@
 """Operations routes: liveness, readiness (backend reachable, not draining), metrics.
 
-These carry no credentials: they reveal no run data. Readiness turns 503 while the
-gateway drains for shutdown so load balancers stop sending new streams here.
+These carry no credentials: they reveal no run data.
+
+- `/healthz`: 200 while the process serves HTTP at all (no backend call).
+- `/readyz`: 200 `{"status": "ready"}` once the app has started,
+  is not draining, the backend answers a ping and (Redis) every Lua script of the
+  bridge and the session store is loaded: `SCRIPT EXISTS` for their SHAs, `SCRIPT LOAD`
+  for any missing (never used yet, or gone after a `SCRIPT FLUSH` or a Redis restart;
+  logged as the `scripts_reloaded` lifecycle event). 503
+  `draining` while the gateway drains for shutdown (load balancers stop sending new
+  streams here), 503 `not_started` before the lifespan has opened the bridge, 503
+  `backend_unavailable` when Redis cannot be reached or refuses to load a script.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,8 +24,16 @@ from starlette.routing import Route
 from ..errors import BackendUnavailable
 from .errors import error_response, gateway_error_response
 from .metrics import CONTENT_TYPE
+from .observe import lifecycle, request_id_of
 from .responses import json_response
 from .state import gateway_state
+
+
+@runtime_checkable
+class _Scripted(Protocol):
+    """A backend holding Lua scripts (the Redis bridge, the Redis session store)."""
+
+    async def ensure_scripts(self) -> int: ...
 
 
 async def healthz(_request: Request) -> Response:
@@ -27,10 +44,31 @@ async def readyz(request: Request) -> Response:
     state = gateway_state(request)
     if state.subscriptions.draining:
         return error_response(503, "draining", "the gateway is shutting down")
+    bridge, sessions = state.bridge_, state.sessions_
+    if not state.started or bridge is None:
+        return error_response(503, "not_started", "the gateway has not started serving yet")
+    reloaded = 0
     try:
-        await state.bridge.ping()
+        await bridge.ping()
+        for backend in (bridge, sessions):
+            if isinstance(backend, _Scripted):
+                reloaded += await backend.ensure_scripts()
     except BackendUnavailable as exc:
+        state.metrics.unavailable("ops")
+        lifecycle(
+            "backend_unavailable",
+            "readiness check failed",
+            route_kind="ops",
+            request_id=request_id_of(request.scope),
+        )
         return gateway_error_response(exc)
+    if reloaded:
+        lifecycle(
+            "scripts_reloaded",
+            "readiness reloaded missing Lua scripts",
+            scripts=reloaded,
+            request_id=request_id_of(request.scope),
+        )
     return json_response({"status": "ready"})
 
 

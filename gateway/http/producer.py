@@ -6,6 +6,7 @@ Writes carry the producer token in `X-Producer-Token`; a missing token is a 422
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, Final
 
@@ -159,10 +160,12 @@ async def end_run(request: Request) -> Response:
     reject_unknown(body, _END_FIELDS)
     status = check_end_status(req_str(body, "status"))
     error = opt_object(body, "error")
+    started = time.perf_counter()
     try:
         result = await state.bridge.publish_end(run_id, status, error, producer_token=token)
     except orjson.JSONEncodeError as exc:
         raise InvalidInput(f"error cannot be encoded as JSON: {exc}") from None
+    state.metrics.end_published(result, started)
     if not result.deduplicated:
         await sessions_routes.record_end(request, result.session_id, run_id, status)
     return json_response({"id": result.id, "deduplicated": result.deduplicated})

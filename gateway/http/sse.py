@@ -26,15 +26,22 @@ it falls out of it) without ever stalling the producer.
 
 A subscriber-side backend failure ends the response with an `unavailable` frame (no
 `id:`), never touching the producer. A disconnect never cancels the producer either.
+
+Observability (docs/operations.md): with `metrics`, each write adds its bytes to
+`gateway_sse_bytes_out_total` and, when it carries events, their count to
+`gateway_events_delivered_total` and one delivery-lag observation (the newest event of
+the write); the resume outcome, gaps and drains are counted once per response. The
+stream outcome and events delivered go to the request log line (`observe`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Literal
 
 import anyio
 from starlette.responses import Response
@@ -51,6 +58,8 @@ from .frames import (
     retry_frame,
     unavailable_frame,
 )
+from .metrics import Metrics, ResumeOutcome
+from .observe import lifecycle, record_of
 from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger(__name__)
@@ -65,6 +74,9 @@ SEND_TIMEOUT: Final = 30.0
 CLOSE_TIMEOUT: Final = 5.0
 
 Subscribe = Callable[[], AsyncIterator[StreamItem]]
+# How the reader asked to start: no cursor, a malformed one, or a valid one (whose
+# outcome, exact or a gap, is known at the subscription's first item).
+ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
 
 
 class SSEResponse(Response):
@@ -72,7 +84,8 @@ class SSEResponse(Response):
 
     `subscribe` is called once the response has started; `None` means the stream is
     already known to be over and only `final_frame` (an `end` frame) is written.
-    `on_delivered(n)` is told how many data events each write carried.
+    `on_delivered(n)` is told how many data events each write carried. `metrics` and
+    `resume` feed the metrics (see the module doc); both are optional.
     """
 
     def __init__(
@@ -85,6 +98,8 @@ class SSEResponse(Response):
         extra_headers: tuple[tuple[bytes, bytes], ...] = (),
         on_delivered: Callable[[int], None] | None = None,
         send_timeout: float = SEND_TIMEOUT,
+        metrics: Metrics | None = None,
+        resume: ResumeStart | None = None,
     ) -> None:
         self.run_id = run_id
         self.status_code = 200
@@ -95,20 +110,61 @@ class SSEResponse(Response):
         self._sse_headers = SSE_HEADERS + extra_headers
         self._on_delivered = on_delivered
         self._send_timeout = send_timeout
+        self._metrics = metrics
+        self._resume = resume
+        self._request_id: str | None = None
+        self._started_ms = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        record = record_of(scope)
+        self._request_id = None if record is None else record.request_id
+        self._started_ms = time.time() * 1000
         with self._registry.track(self.run_id, "sse"):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": list(self._sse_headers)}
             )
+            if self._resume == "from_start":
+                self._count_resume("from_start")
+            elif self._resume == "malformed_cursor":
+                self._count_resume("malformed_cursor")
             if self._subscribe is None:
+                if self._resume == "cursor":
+                    self._count_resume("exact")
+                outcome = "send_timeout"
                 with anyio.move_on_after(self._send_timeout):
                     body = retry_frame() + self._final_frame
                     await send({"type": "http.response.body", "body": body, "more_body": False})
+                    if self._metrics is not None:
+                        self._metrics.bytes_out.inc(len(body))
+                    outcome = "end"
+                if record is not None:
+                    record.outcome, record.events_delivered = outcome, 0
                 return
-            await self._stream(receive, send, self._subscribe)
+            frames = _Frames()
+            try:
+                await self._stream(receive, send, self._subscribe, frames)
+            finally:
+                if record is not None:
+                    record.outcome, record.events_delivered = frames.outcome, frames.sent
 
-    async def _stream(self, receive: Receive, send: Send, subscribe: Subscribe) -> None:
+    def _count_resume(self, outcome: ResumeOutcome) -> None:
+        if self._metrics is not None:
+            self._metrics.resumes[outcome].inc()
+
+    def _first_item(self, item: StreamItem) -> None:
+        """Count a valid cursor's resume outcome from the subscription's first item."""
+        if isinstance(item, StreamGap):
+            if item.reason == "trimmed":
+                self._count_resume("gap_trimmed")
+            elif item.reason == "stream_removed":
+                self._count_resume("gap_stream_removed")
+            # bridge_closed: the gateway is shutting down; not a resume outcome
+        else:
+            self._count_resume("exact")
+
+    async def _stream(
+        self, receive: Receive, send: Send, subscribe: Subscribe, frames: _Frames
+    ) -> None:
         """Writer in this task, the bridge reader and the disconnect watcher beside it.
 
         Plain asyncio tasks rather than an anyio task group: an idle stream is what a
@@ -116,7 +172,6 @@ class SSEResponse(Response):
         memory of three bare tasks. Drain is a registry callback, not a waiting task.
         """
         loop = asyncio.get_running_loop()
-        frames = _Frames()
         writer = _Writer(self._send_timeout, asyncio.current_task())
         reader = loop.create_task(self._read(subscribe, frames))
         watcher = loop.create_task(self._watch_disconnect(receive, frames, reader, writer))
@@ -129,6 +184,9 @@ class SSEResponse(Response):
         def reader_done(task: asyncio.Task[None]) -> None:
             if task.cancelled() and frames.draining and not frames.disconnected:
                 frames.put(SHUTDOWN_FRAME, 0)  # drained by a server shutdown: end cleanly
+                frames.outcome = "drain"
+                if self._metrics is not None:
+                    self._metrics.drained.inc()
             frames.close()  # the last frame put ends the response
 
         reader.add_done_callback(reader_done)
@@ -136,8 +194,11 @@ class SSEResponse(Response):
         try:
             completed = await self._write(frames, send, writer)
             if not completed and not frames.disconnected:
+                frames.outcome = "send_timeout"
                 log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
         finally:
+            if frames.disconnected:
+                frames.outcome = "disconnect"
             remove_drain()
             watcher.cancel()
             if not reader.done():
@@ -168,41 +229,89 @@ class SSEResponse(Response):
         iteration, finds everything that was ready and sends it in one write.
         """
         items = subscribe()
+        first = self._resume == "cursor"
         try:
             async for item in items:
+                if first:
+                    first = False
+                    self._first_item(item)
                 if isinstance(item, StreamEvent):
                     frames.put(event_frame(item), 1)
+                    frames.last_id = item.id
                 elif isinstance(item, Heartbeat):
                     frames.put(HEARTBEAT_FRAME, 0)
                 elif isinstance(item, End):
                     frames.put(end_frame(item), 0)
+                    frames.outcome = "end"
                     return
                 elif isinstance(item, StreamGap):
                     frames.put(gap_frame(self.run_id, item), 0)
+                    frames.outcome = "gap"
+                    self._gap_served(item)
                     return
                 if frames.size >= COALESCE_BYTES:
                     await frames.wait_space()  # a slow client: stop pulling
         except (BackendUnavailable, BridgeClosed, OSError) as exc:
-            log.warning("sse: run %s subscription failed: %r", self.run_id, exc)
             frames.put(unavailable_frame(self.run_id, str(exc) or "backend failure"), 0)
+            frames.outcome = "unavailable"
+            if isinstance(exc, BridgeClosed):
+                log.info("sse: run %s subscription ended: bridge closed", self.run_id)
+            else:
+                if self._metrics is not None:
+                    self._metrics.unavailable("sse")
+                lifecycle(
+                    "backend_unavailable",
+                    "sse subscription failed",
+                    level=logging.WARNING,
+                    route_kind="sse",
+                    run_id=self.run_id,
+                    request_id=self._request_id,
+                    error=type(exc).__name__,
+                )
             return
         finally:
             await _aclose(items)
 
+    def _gap_served(self, gap: StreamGap) -> None:
+        if self._metrics is not None:
+            self._metrics.gaps[gap.reason].inc()
+        lifecycle(
+            "gap",
+            "gap served",
+            run_id=self.run_id,
+            request_id=self._request_id,
+            reason=gap.reason,
+            requested_event_id=gap.requested_event_id,
+            earliest_available_event_id=gap.earliest_available_event_id,
+            latest_available_event_id=gap.latest_available_event_id,
+        )
+
     async def _write(self, frames: _Frames, send: Send, writer: _Writer) -> bool:
         """Write what is ready in one send per wake-up; False on send timeout/disconnect."""
+        metrics = self._metrics
         try:
-            await writer.send(send, retry_frame(), more=True)
+            first = retry_frame()
+            await writer.send(send, first, more=True)
+            if metrics is not None:
+                metrics.bytes_out.inc(len(first))
             while True:
                 if not frames.chunks and not frames.closed:
                     await frames.wait_ready()
                 if frames.disconnected:
                     return False
-                body, delivered = frames.take()
+                body, delivered, last_id = frames.take()
                 more = not frames.closed
                 await writer.send(send, body, more=more)
-                if delivered and self._on_delivered is not None:
-                    self._on_delivered(delivered)
+                if metrics is not None:
+                    metrics.bytes_out.inc(len(body))
+                if delivered:
+                    frames.sent += delivered
+                    if self._on_delivered is not None:
+                        self._on_delivered(delivered)
+                    if metrics is not None:
+                        metrics.delivered(delivered)
+                        if last_id is not None:
+                            metrics.lag.observe(self._lag_seconds(last_id))
                 if not more:
                     return True
         except asyncio.CancelledError:
@@ -216,6 +325,12 @@ class SSEResponse(Response):
             return False
         finally:
             writer.close()
+
+    def _lag_seconds(self, event_id: str) -> float:
+        """Now minus the later of the event's publish time (its id's ms) and our start."""
+        published_ms = float(event_id[: event_id.find("-")])
+        lag_ms = time.time() * 1000 - max(published_ms, self._started_ms)
+        return lag_ms / 1000 if lag_ms > 0 else 0.0
 
 
 class _Frames:
@@ -234,6 +349,9 @@ class _Frames:
         "disconnected",
         "draining",
         "events",
+        "last_id",
+        "outcome",
+        "sent",
         "size",
     )
 
@@ -244,6 +362,9 @@ class _Frames:
         self.closed = False
         self.disconnected = False
         self.draining = False
+        self.last_id: str | None = None  # the newest event put since the last take
+        self.outcome = "end"  # what ended the response (for the request log line)
+        self.sent = 0  # data events written
         self._ready: asyncio.Future[None] | None = None  # the writer waits on it
         self._space: asyncio.Future[None] | None = None  # the reader waits on it
 
@@ -257,11 +378,11 @@ class _Frames:
         self.closed = True
         _wake(self._ready)
 
-    def take(self) -> tuple[bytes, int]:
-        chunks, events = self.chunks, self.events
-        self.chunks, self.size, self.events = [], 0, 0
+    def take(self) -> tuple[bytes, int, str | None]:
+        chunks, events, last_id = self.chunks, self.events, self.last_id
+        self.chunks, self.size, self.events, self.last_id = [], 0, 0, None
         _wake(self._space)
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), events
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), events, last_id
 
     async def wait_ready(self) -> None:
         while not self.chunks and not self.closed:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..cursor import MalformedCursor, parse_cursor
 from ..errors import BridgeClosed, Forbidden, GatewayError, RunNotFound
 from ..names import check_run_id
 from ..values import End, RunInfo, StreamEvent, StreamGap
@@ -22,7 +23,7 @@ from .auth import Principal
 from .bodies import query_seconds
 from .frames import end_frame
 from .responses import json_response
-from .sse import SSEResponse
+from .sse import ResumeStart, SSEResponse
 from .state import GatewayState, gateway_state
 
 DEFAULT_WAIT_SECONDS: Final = 30.0
@@ -74,14 +75,26 @@ def sse_response(
         "run_id": info.run_id,
         "registry": state.subscriptions,
         "extra_headers": extra_headers,
-        "on_delivered": state.metrics.delivered,
+        "metrics": state.metrics,
     }
+    cursor = cursor_of(request)
+    common["resume"] = _resume_start(cursor)
     if info.ended and not info.log_exists:  # the log is gone; the record knows how it ended
         frame = end_frame(End(info.status, info.error))  # type: ignore[arg-type]
         return SSEResponse(subscribe=None, final_frame=frame, **common)
-    cursor = cursor_of(request)
     bridge = state.bridge
     return SSEResponse(subscribe=lambda: bridge.subscribe(info.run_id, cursor), **common)
+
+
+def _resume_start(cursor: str | None) -> ResumeStart:
+    """How the reader starts, for `gateway_sse_resumes_total` (docs/operations.md)."""
+    if cursor is None:
+        return "from_start"
+    try:
+        parse_cursor(cursor)
+    except MalformedCursor:
+        return "malformed_cursor"
+    return "cursor"
 
 
 async def get_run(request: Request) -> Response:

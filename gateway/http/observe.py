@@ -1,0 +1,237 @@
+"""Request ids, one structured log line per request, and lifecycle log events.
+
+`RequestLogMiddleware` (pure ASGI, outermost inside Starlette's error middleware):
+
+- takes the request id from an incoming `X-Request-ID` (1-128 chars of
+  `[A-Za-z0-9._:/+=@-]`) or generates one (32 hex chars), and echoes it in the
+  response's `X-Request-ID` header;
+- keeps a `RequestRecord` in the ASGI scope (`RECORD_KEY`) that the app fills in: the
+  error handlers set `outcome` to the error code, an SSE response sets its stream
+  outcome (`end`, `gap`, `disconnect`, `send_timeout`, `drain`, `unavailable`) and the
+  number of data events it delivered;
+- logs one line when the response has finished (for SSE: when the stream ends), on the
+  `gateway.http.requests` logger: `event="request"`, `method`, `route` (the route
+  template, never the raw path or query), `status`, `duration_ms`, `request_id`,
+  `run_id` / `session_id` when the route has them, `outcome`, and for SSE
+  `events_delivered`. Successful ops probes (`/healthz`, `/readyz`, `/metrics`) log at
+  DEBUG, 5xx at WARNING, everything else at INFO.
+
+Lifecycle events go through `lifecycle(...)`: the `event` field names them (`startup`,
+`drain`, `shutdown`, `recovery_end`, `fenced_write`, `gap`, `backend_unavailable`,
+`scripts_reloaded`). No line ever carries a payload, a request body or a credential.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from starlette.requests import Request
+from starlette.routing import Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import BackendUnavailable, GatewayError, ProducerFenced, StreamEnded
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
+RECORD_KEY: Final = "gateway.request"
+REQUEST_ID_HEADER: Final = b"x-request-id"
+_REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # run and session ids
+
+request_log = logging.getLogger("gateway.http.requests")
+lifecycle_log = logging.getLogger("gateway.lifecycle")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the app tells the request log line about one request."""
+
+    request_id: str
+    started: float  # time.perf_counter()
+    outcome: str | None = None
+    events_delivered: int | None = None  # SSE responses only
+
+
+def record_of(scope: Scope) -> RequestRecord | None:
+    record = scope.get(RECORD_KEY)
+    return record if isinstance(record, RequestRecord) else None
+
+
+def request_id_of(scope: Scope) -> str | None:
+    record = record_of(scope)
+    return None if record is None else record.request_id
+
+
+def lifecycle(event: str, message: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    """One lifecycle log line; `fields` are identifiers and outcomes, never payloads."""
+    if lifecycle_log.isEnabledFor(level):
+        clean = {key: value for key, value in fields.items() if value is not None}
+        lifecycle_log.log(level, message, extra={"event": event, **clean})
+
+
+# ------------------------------------------------------------------------------- routes
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template (`/v1/runs/{run_id}/stream`), never the raw path."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if not isinstance(path, str):
+        return "unmatched"
+    return path + "/{path}" if isinstance(route, Mount) else path
+
+
+@functools.cache
+def _kind(template: str, method: str) -> str:
+    if template in ("/healthz", "/readyz", "/metrics"):
+        return "ops"
+    if template.endswith("/stream") or template.endswith("/join"):
+        return "sse"
+    if template.startswith("/v1/sessions"):
+        return "sessions"
+    if template.startswith("/v1/runs"):
+        if method == "DELETE":
+            return "operator"
+        if method == "POST" and (
+            template == "/v1/runs" or template.endswith(("/events", "/end", "/lease"))
+        ):
+            return "producer"
+        return "subscriber"
+    if template.startswith("/threads/"):
+        return "subscriber"
+    return "other"
+
+
+def route_kind(scope: Scope) -> str:
+    """`producer`, `subscriber`, `sse`, `sessions`, `operator`, `ops` or `other`."""
+    return _kind(route_template(scope), str(scope.get("method", "GET")))
+
+
+def _path_param(scope: Scope, name: str) -> str | None:
+    """A path parameter when it is a well-formed id (anything else is logged as invalid)."""
+    params = scope.get("path_params")
+    value = params.get(name) if isinstance(params, dict) else None
+    if not isinstance(value, str):
+        return None
+    return value if _ID_RE.fullmatch(value) else "<invalid>"
+
+
+# ------------------------------------------------------------------------ error hooks
+
+
+def note_error(request: Request, exc: GatewayError) -> None:
+    """Called by the error handlers: outcome, metrics and lifecycle line of one error."""
+    scope = request.scope
+    record = record_of(scope)
+    if record is not None:
+        record.outcome = exc.code
+    state = getattr(request.app.state, "gateway", None)
+    metrics: Metrics | None = getattr(state, "metrics", None)
+    run_id = _path_param(scope, "run_id")
+    request_id = None if record is None else record.request_id
+    if isinstance(exc, BackendUnavailable):
+        kind = route_kind(scope)
+        if metrics is not None:
+            metrics.unavailable(kind)
+        lifecycle(
+            "backend_unavailable",
+            "backend unavailable",
+            level=logging.WARNING,
+            route=route_template(scope),
+            route_kind=kind,
+            run_id=run_id,
+            request_id=request_id,
+        )
+    elif isinstance(exc, ProducerFenced):
+        if metrics is not None:
+            metrics.fenced_writes.inc()
+        lifecycle("fenced_write", "producer write fenced", run_id=run_id, request_id=request_id)
+    elif isinstance(exc, StreamEnded) and exc.code == StreamEnded.code and metrics is not None:
+        metrics.writes_after_end.inc()  # a claim of an ended run (`run_ended`) is not a write
+
+
+def note_http_error(request: Request, code: str) -> None:
+    record = record_of(request.scope)
+    if record is not None:
+        record.outcome = code
+
+
+# -------------------------------------------------------------------------- middleware
+
+
+def _incoming_request_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == REQUEST_ID_HEADER:
+            text = value.decode("latin-1")
+            return text if _REQUEST_ID_RE.fullmatch(text) else None
+    return None
+
+
+class RequestLogMiddleware:
+    """Request id in and out, and one log line per finished request (see module doc)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _incoming_request_id(scope) or uuid.uuid4().hex
+        record = RequestRecord(request_id, time.perf_counter())
+        scope[RECORD_KEY] = record
+        header = (REQUEST_ID_HEADER, request_id.encode("latin-1"))
+        status = 500  # if the app fails before it answers
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            if record.outcome is None:
+                record.outcome = "error"
+            raise
+        finally:
+            _log_request(scope, record, status)
+
+
+def _log_request(scope: Scope, record: RequestRecord, status: int) -> None:
+    template = route_template(scope)
+    if status >= 500:
+        level = logging.WARNING
+    elif _kind(template, str(scope.get("method", ""))) == "ops" and status < 400:
+        level = logging.DEBUG
+    else:
+        level = logging.INFO
+    if not request_log.isEnabledFor(level):
+        return
+    duration_ms = round((time.perf_counter() - record.started) * 1000, 3)
+    outcome = record.outcome or ("ok" if status < 400 else "error")
+    fields: dict[str, Any] = {
+        "event": "request",
+        "method": scope.get("method"),
+        "route": template,
+        "status": status,
+        "duration_ms": duration_ms,
+        "request_id": record.request_id,
+        "outcome": outcome,
+    }
+    for name in ("run_id", "session_id"):
+        value = _path_param(scope, name)
+        if value is not None:
+            fields[name] = value
+    if record.events_delivered is not None:
+        fields["events_delivered"] = record.events_delivered
+    request_log.log(level, "%s %s %d %s", fields["method"], template, status, outcome, extra=fields)
