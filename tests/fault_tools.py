@@ -22,6 +22,7 @@ import httpx
 
 from tests.sse_client import Frame, iter_frames
 
+
 async def poll(
     what: str, check: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.02
 ) -> None:

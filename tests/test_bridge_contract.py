@@ -200,7 +200,7 @@ async def wait_lease_expired(
 ) -> None:
     """Deadline loop until the lease is over (by the bridge's own clock and record)."""
     with anyio.fail_after(deadline):
-        while time.time() <= claim.lease_expires_at + 0.05:  # noqa: ASYNC110
+        while time.time() <= claim.lease_expires_at + 0.05:
             await anyio.sleep(0.02)
         while True:
             info = await bridge.get_run(run_id)
@@ -378,7 +378,7 @@ async def test_cursor_newer_than_newest_waits_at_the_tail(bridge: StreamBridge) 
         cursor = f"{ms}-{seq + 1}"
         async with subscription(bridge, run_id, cursor, heartbeat_interval=0.2) as it:
             await wait_heartbeat(it)  # nothing replayed: it waits
-            while time.time() * 1000 <= ms + 2:  # noqa: ASYNC110  # later ids are > cursor whatever the clock
+            while time.time() * 1000 <= ms + 2:  # later ids are > cursor whatever the clock
                 await anyio.sleep(0.005)
             later = (
                 await bridge.publish_many(
@@ -814,7 +814,7 @@ async def test_cleanup_with_delay_removes_later(bridge: StreamBridge) -> None:
             await anyio.sleep(0.1)
             assert await bridge.stream_exists(run_id) is True
         with anyio.fail_after(5):
-            while await bridge.stream_exists(run_id):  # noqa: ASYNC110
+            while await bridge.stream_exists(run_id):
                 await anyio.sleep(0.05)
 
 
@@ -904,7 +904,7 @@ async def test_close_wakes_every_waiting_reader(make_bridge: BridgeFactory) -> N
                     await ready.wait()
                 with anyio.fail_after(5):  # promptly, not at some far timeout
                     await bridge.close()
-                    while len(results) < 3:  # noqa: ASYNC110
+                    while len(results) < 3:
                         await anyio.sleep(0.01)
             for n in range(3):
                 gap = only_gap(results[n])
@@ -1284,7 +1284,7 @@ async def test_redis_subscriber_cancelled_in_blocking_read_leaves_pool_healthy(
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_read_forever, bridge, run_id, got)
                         with anyio.fail_after(5):  # until it is idle at the tail
-                            while not any(is_hb(i) for i in got):  # noqa: ASYNC110
+                            while not any(is_hb(i) for i in got):
                                 await anyio.sleep(0.005)
                         await anyio.sleep(delay)
                         scope.cancel()

@@ -150,7 +150,7 @@ async def test_cluster_manual_failover_of_the_runs_master_while_streaming(
     ):
         producer = await HttpProducer.claim(ca, lease_seconds=120)
         key = log_key(key_prefix, producer.run_id)
-        old_master, replica = owner_of(redis_cluster, key)
+        _old_master, replica = owner_of(redis_cluster, key)
         assert replica is not None
         followers = [Follower(lambda c=c: c, producer.run_id) for c in (ca, cb) for _ in range(2)]
         total = 150

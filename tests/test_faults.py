@@ -42,7 +42,9 @@ def gateways() -> Iterator[Callable[..., GatewayProcess]]:
             gw.close()
 
 
-def raw_log(redis: RedisServer, key_prefix: str, run_id: str) -> list[tuple[str, dict[bytes, bytes]]]:
+def raw_log(
+    redis: RedisServer, key_prefix: str, run_id: str
+) -> list[tuple[str, dict[bytes, bytes]]]:
     with redis.client() as c:
         return [(i.decode(), f) for i, f in c.xrange(f"{key_prefix}{{{run_id}}}:log")]
 
@@ -105,7 +107,10 @@ async def test_redis_unreachable_10s_then_exact_resume(
             for seq in range(5, 15):
                 sent = time.monotonic()
                 entry_id = await producer.publish_seq(seq)
-                await poll("delivered", lambda: _arrived(follower, entry_id), heartbeat + 5)
+                await poll(
+                    "delivered", lambda entry_id=entry_id: _arrived(follower, entry_id),
+                    heartbeat + 5,
+                )
                 latencies.append(follower.arrivals[entry_id] - sent)
             result = await producer.end()
             assert result["deduplicated"] is False
@@ -413,7 +418,8 @@ async def _lb_ready(fleet: Fleet) -> bool:
 
 
 def followers_for(fleet: Fleet, run_id: str, n: int) -> list[Follower]:
-    return [Follower(lambda c=fleet.client(): c, run_id) for _ in range(n)]
+    client = fleet.client()
+    return [Follower(lambda: client, run_id) for _ in range(n)]
 
 
 async def _spread(fleet: Fleet, n: int) -> bool:
@@ -519,26 +525,26 @@ class ReplyDropper:
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
         swallow = anyio.Event()  # set: the next reply is dropped with the connections
-        async with client, await anyio.connect_tcp(*self.target) as server:
-            async with anyio.create_task_group() as tg:
+        async with client, await anyio.connect_tcp(*self.target) as server, \
+            anyio.create_task_group() as tg:
 
-                async def up() -> None:
-                    async for chunk in client:
-                        if self.armed and self.marker in chunk:
-                            self.armed = False
-                            swallow.set()
-                        await server.send(chunk)
+            async def up() -> None:
+                async for chunk in client:
+                    if self.armed and self.marker in chunk:
+                        self.armed = False
+                        swallow.set()
+                    await server.send(chunk)
 
-                async def down() -> None:
-                    async for chunk in server:
-                        if swallow.is_set():  # Redis ran it; the client never hears
-                            self.cut += 1
-                            tg.cancel_scope.cancel()
-                            return
-                        await client.send(chunk)
+            async def down() -> None:
+                async for chunk in server:
+                    if swallow.is_set():  # Redis ran it; the client never hears
+                        self.cut += 1
+                        tg.cancel_scope.cancel()
+                        return
+                    await client.send(chunk)
 
-                tg.start_soon(up)
-                tg.start_soon(down)
+            tg.start_soon(up)
+            tg.start_soon(down)
 
 
 @pytest.mark.timeout(30)
