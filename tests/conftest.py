@@ -4,7 +4,8 @@ Fixtures
 - ``anyio_backend`` (session): "asyncio"; async tests use ``@pytest.mark.anyio``.
 - ``redis_server`` (session): a ``RedisServer`` started for the test session, or an
   ``ExternalRedis`` when env ``REDIS_URL`` is set (that one is never flushed: isolate
-  by ``key_prefix``). Do not stop/kill it; use ``fresh_redis`` for that.
+  by ``key_prefix``), or, opt-in with ``REDIS_TESTCONTAINERS=1`` where a Docker engine
+  is reachable, a testcontainers Redis. Do not stop/kill it; use ``fresh_redis`` for that.
 - ``redis_url`` (session): ``redis_server.url``.
 - ``redis_cluster`` (session, lazy): a 3-master/3-replica ``RedisCluster``; only
   started when a test asks for it. Mark such tests ``@pytest.mark.cluster``.
@@ -35,6 +36,16 @@ def redis_server() -> Iterator[RedisServer | ExternalRedis]:
     url = os.environ.get("REDIS_URL")
     if url:
         yield ExternalRedis(url)
+        return
+    if os.environ.get("REDIS_TESTCONTAINERS") == "1":
+        # Opt-in, where a Docker engine is reachable (none is on the CI machines): the
+        # design names testcontainers. `pip install testcontainers[redis]` first.
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield ExternalRedis(f"redis://{host}:{port}/0")
         return
     server = RedisServer()
     try:
