@@ -50,6 +50,8 @@ from ..values import (
 )
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
+# Under a steady stream, readers are woken at most this often (seconds) and read in batches.
+WAKE_INTERVAL = 0.0005
 
 
 class _Signal:
@@ -105,6 +107,7 @@ class _Generation:
     retired: bool = False
     changed: _Signal = field(default_factory=lambda: _Signal())
     wake_scheduled: bool = False
+    last_wake: float = float("-inf")  # loop time of the last wake-up
 
     @property
     def total(self) -> int:
@@ -509,14 +512,24 @@ class MemoryStreamBridge:
             gen.head = 0
 
     def _wake_soon(self, gen: _Generation) -> None:
-        # One scheduled wake-up per tick, whatever the number of publishes or readers.
-        if not gen.wake_scheduled:
-            gen.wake_scheduled = True
-            asyncio.get_running_loop().call_soon(self._wake, gen)
+        # One scheduled wake-up at a time, whatever the number of publishes or readers.
+        # A publish after a quiet spell wakes readers on the next tick; under a steady
+        # stream they are woken at most every WAKE_INTERVAL and take every event since
+        # in one batch, so the producer's rate does not fall with the number of readers.
+        if gen.wake_scheduled:
+            return
+        gen.wake_scheduled = True
+        loop = asyncio.get_running_loop()
+        delay = gen.last_wake + WAKE_INTERVAL - loop.time()
+        if delay > 0:
+            loop.call_later(delay, self._wake, gen)
+        else:
+            loop.call_soon(self._wake, gen)
 
     @staticmethod
     def _wake(gen: _Generation) -> None:
         gen.wake_scheduled = False
+        gen.last_wake = asyncio.get_running_loop().time()
         signal, gen.changed = gen.changed, _Signal()
         signal.fire()
 
