@@ -998,14 +998,15 @@ async def test_request_cancel_is_seen_by_the_producer(bridge: StreamBridge) -> N
 
 async def test_renew_lease_extends_and_is_fenced(bridge: StreamBridge) -> None:
     with anyio.fail_after(TIMEOUT):
-        run_id, claim, _ = await new_run(bridge, 1, lease_seconds=0.5)
+        # Leases in these tests leave room for a loaded CI machine between two calls.
+        run_id, claim, _ = await new_run(bridge, 1, lease_seconds=1.5)
         lease = await bridge.renew_lease(run_id, producer_token=claim.token, lease_seconds=30)
         assert lease.lease_expires_at > claim.lease_expires_at + 20
         with pytest.raises(RunOwned):
             await bridge.claim(run_id)
         with pytest.raises(ProducerFenced):
             await bridge.renew_lease(run_id, producer_token="nope")
-        await anyio.sleep(0.6)  # past the original lease: still owned
+        await anyio.sleep(1.6)  # past the original lease: still owned
         await bridge.publish(run_id, TOK, {}, producer_token=claim.token)
         await bridge.publish_end(run_id, "success", producer_token=claim.token)
         with pytest.raises(StreamEnded):
@@ -1014,9 +1015,9 @@ async def test_renew_lease_extends_and_is_fenced(bridge: StreamBridge) -> None:
 
 async def test_publish_renews_the_lease(bridge: StreamBridge) -> None:
     with anyio.fail_after(TIMEOUT):
-        run_id, claim, _ = await new_run(bridge, lease_seconds=0.6)
-        for _ in range(6):  # 1.2 s of activity, twice the lease
-            await anyio.sleep(0.2)
+        run_id, claim, _ = await new_run(bridge, lease_seconds=1.5)
+        for _ in range(8):  # 2.4 s of activity, well past the lease
+            await anyio.sleep(0.3)
             await bridge.publish(run_id, TOK, {}, producer_token=claim.token)
         with pytest.raises(RunOwned):
             await bridge.claim(run_id)
