@@ -545,7 +545,7 @@ async def test_takeover_fences_the_old_producer(bridge: StreamBridge) -> None:
 
 async def test_claim_after_lease_expiry_takes_over_with_next_epoch(bridge: StreamBridge) -> None:
     with anyio.fail_after(TIMEOUT):
-        run_id, old, ids = await new_run(bridge, 1, lease_seconds=0.2)
+        run_id, old, ids = await new_run(bridge, 1, lease_seconds=0.6)
         await wait_lease_expired(bridge, run_id, old)
         with pytest.raises(ProducerFenced):  # an expired lease writes nothing either
             await bridge.publish(run_id, TOK, {"late": 1}, producer_token=old.token)
@@ -666,7 +666,7 @@ async def test_recovery_end_while_lease_is_live_is_refused(bridge: StreamBridge)
 
 async def test_recovery_end_after_lease_expiry_ends_the_run(bridge: StreamBridge) -> None:
     with anyio.fail_after(TIMEOUT):
-        run_id, claim, ids = await new_run(bridge, 2, lease_seconds=0.2)
+        run_id, claim, ids = await new_run(bridge, 2, lease_seconds=0.6)
         async with subscription(bridge, run_id, heartbeat_interval=0.1) as it:
             got = [await next_item(it) for _ in ids]
             assert event_ids(got) == ids

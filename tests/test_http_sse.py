@@ -281,7 +281,7 @@ async def test_disconnect_frees_subscription_and_producer_continues(
 
 @pytest.mark.gateway_settings(heartbeat_interval_seconds=0.2)
 async def test_expired_lease_gets_producer_lost_end(client: httpx.AsyncClient) -> None:
-    producer = await ProducerClient.claim(client, lease_seconds=0.3)
+    producer = await ProducerClient.claim(client, lease_seconds=0.8)
     await producer.publish(("token", 0))
     with anyio.fail_after(10):
         result = await read_stream(client, f"/v1/runs/{producer.run_id}/stream")

@@ -79,7 +79,7 @@ async def test_recovery_end_settles_the_turn(
 ) -> None:
     with anyio.fail_after(TIMEOUT):
         claim = await client.post(
-            "/v1/runs", json={"session_id": "chat-2", "lease_seconds": 0.3,
+            "/v1/runs", json={"session_id": "chat-2", "lease_seconds": 0.8,
                               "input_message": MESSAGE}
         )
         run_id = claim.json()["run_id"]
