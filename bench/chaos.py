@@ -671,7 +671,11 @@ class Chaos:
             f"logs in {self.dir}",
             flush=True,
         )
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # whatever did start; the logs stay in self.dir
+            raise
         assert self.proxy is not None
         self.log("Redis, 3 gateways and haproxy up; faults start")
         workload = Workload(self.proxy.url, args, self.violations)
