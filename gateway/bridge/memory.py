@@ -52,6 +52,8 @@ from ..values import (
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
 # Under a steady stream, readers are woken at most this often (seconds) and read in batches.
 WAKE_INTERVAL = 0.0005
+# A wake-up is never put off by more than this for the producer's sake (bounds latency).
+MAX_WAKE_DEFERRAL = 0.5
 
 
 class _Signal:
@@ -108,6 +110,7 @@ class _Generation:
     changed: _Signal = field(default_factory=lambda: _Signal())
     wake_scheduled: bool = False
     last_wake: float = float("-inf")  # loop time of the last wake-up
+    readers_parked: float = float("-inf")  # loop time a caught-up reader last went to wait
 
     @property
     def total(self) -> int:
@@ -370,6 +373,7 @@ class MemoryStreamBridge:
                         yield gen.end
                         return
                     waiter = gen.changed
+                    gen.readers_parked = loop.time()
                 if not await waiter.wait_until(loop, deadline):
                     yield HEARTBEAT
                     deadline = loop.time() + interval
@@ -515,21 +519,29 @@ class MemoryStreamBridge:
         # One scheduled wake-up at a time, whatever the number of publishes or readers.
         # A publish after a quiet spell wakes readers on the next tick; under a steady
         # stream they are woken at most every WAKE_INTERVAL and take every event since
-        # in one batch, so the producer's rate does not fall with the number of readers.
+        # in one batch.
         if gen.wake_scheduled:
             return
         gen.wake_scheduled = True
         loop = asyncio.get_running_loop()
-        delay = gen.last_wake + WAKE_INTERVAL - loop.time()
-        if delay > 0:
-            loop.call_later(delay, self._wake, gen)
-        else:
-            loop.call_soon(self._wake, gen)
+        loop.call_at(max(loop.time(), gen.last_wake + WAKE_INTERVAL), self._wake_due, gen)
+
+    def _wake_due(self, gen: _Generation) -> None:
+        # When the readers took long to catch up after the last wake-up (there are many
+        # of them), wait twice as long before the next: the producer keeps about two
+        # thirds of the loop and is never stalled by its readers, who read bigger batches
+        # (PROTOCOL 4: a slow reader falls behind within retention, never stalls writes).
+        loop = asyncio.get_running_loop()
+        busy = gen.readers_parked - gen.last_wake  # nan or inf until both have happened
+        if 0 < busy < MAX_WAKE_DEFERRAL and gen.readers_parked + 2 * busy > loop.time():
+            loop.call_at(gen.readers_parked + 2 * busy, self._wake_due, gen)
+            return
+        gen.wake_scheduled = False
+        gen.last_wake = loop.time()
+        self._wake(gen)
 
     @staticmethod
     def _wake(gen: _Generation) -> None:
-        gen.wake_scheduled = False
-        gen.last_wake = asyncio.get_running_loop().time()
         signal, gen.changed = gen.changed, _Signal()
         signal.fire()
 
