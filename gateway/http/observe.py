@@ -184,27 +184,57 @@ class RequestLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _incoming_request_id(scope) or uuid.uuid4().hex
-        record = RequestRecord(request_id, time.perf_counter())
-        scope[RECORD_KEY] = record
-        header = (REQUEST_ID_HEADER, request_id.encode("latin-1"))
-        status = 500  # if the app fails before it answers
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                message = {**message, "headers": [*message.get("headers", ()), header]}
-            await send(message)
-
+        sender = begin_request(scope, send)
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive, sender)
         except Exception:
-            if record.outcome is None:
-                record.outcome = "error"
+            sender.failed()
             raise
         finally:
-            _log_request(scope, record, status)
+            sender.finished()
+
+
+def begin_request(scope: Scope, send: Send) -> RequestSend:
+    """Give an HTTP request its id and record; the `send` that adds `X-Request-ID`.
+
+    What `RequestLogMiddleware` does around the app, shared with the SSE fast path
+    (`gateway.http.app`): call `failed()` when the app raises, `finished()` at the end.
+    """
+    request_id = _incoming_request_id(scope) or uuid.uuid4().hex
+    record = RequestRecord(request_id, time.perf_counter())
+    scope[RECORD_KEY] = record
+    return RequestSend(scope, send, record)
+
+
+class RequestSend:
+    """The `send` of one request: adds the request id header, remembers the status.
+
+    A small object rather than a closure: an SSE stream holds one for its lifetime.
+    """
+
+    __slots__ = ("_scope", "_send", "record", "started", "status")
+
+    def __init__(self, scope: Scope, send: Send, record: RequestRecord) -> None:
+        self._scope = scope
+        self._send = send
+        self.record = record
+        self.status = 500  # if the app fails before it answers
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.started = True
+            header = (REQUEST_ID_HEADER, self.record.request_id.encode("latin-1"))
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await self._send(message)
+
+    def failed(self) -> None:
+        if self.record.outcome is None:
+            self.record.outcome = "error"
+
+    def finished(self) -> None:
+        _log_request(self._scope, self.record, self.status)
 
 
 def _log_request(scope: Scope, record: RequestRecord, status: int) -> None:
