@@ -9,8 +9,7 @@ SSE response on graceful shutdown.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Literal
 
 import anyio
@@ -28,20 +27,21 @@ class SubscriptionRegistry:
         self._changed = anyio.Event()
         self._drain_callbacks: set[Callable[[], None]] = set()
 
-    @contextmanager
-    def track(self, run_id: str, kind: SubscriptionKind) -> Iterator[None]:
+    def track(self, run_id: str, kind: SubscriptionKind) -> _Tracked:
         """Count one subscription for the duration of the `with` block."""
+        return _Tracked(self, run_id, kind)
+
+    def _open(self, run_id: str, kind: SubscriptionKind) -> None:
         self._by_kind[kind] += 1
         self._by_run[run_id] += 1
         self._notify()
-        try:
-            yield
-        finally:
-            self._by_kind[kind] -= 1
-            self._by_run[run_id] -= 1
-            if self._by_run[run_id] <= 0:
-                del self._by_run[run_id]
-            self._notify()
+
+    def _close(self, run_id: str, kind: SubscriptionKind) -> None:
+        self._by_kind[kind] -= 1
+        self._by_run[run_id] -= 1
+        if self._by_run[run_id] <= 0:
+            del self._by_run[run_id]
+        self._notify()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -95,3 +95,21 @@ class SubscriptionRegistry:
 
     async def wait_draining(self) -> None:
         await self._draining.wait()
+
+
+class _Tracked:
+    """`SubscriptionRegistry.track`: a slotted context manager, not a generator-based one
+    (an open SSE response holds it for its lifetime)."""
+
+    __slots__ = ("_kind", "_registry", "_run_id")
+
+    def __init__(self, registry: SubscriptionRegistry, run_id: str, kind: SubscriptionKind):
+        self._registry = registry
+        self._run_id = run_id
+        self._kind = kind
+
+    def __enter__(self) -> None:
+        self._registry._open(self._run_id, self._kind)
+
+    def __exit__(self, *_exc: object) -> None:
+        self._registry._close(self._run_id, self._kind)
