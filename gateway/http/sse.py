@@ -176,21 +176,9 @@ class SSEResponse(Response):
         reader = loop.create_task(self._read(subscribe, frames))
         watcher = loop.create_task(self._watch_disconnect(receive, frames, reader, writer))
 
-        def drain() -> None:
-            if not reader.done():
-                frames.draining = True
-                reader.cancel()
-
-        def reader_done(task: asyncio.Task[None]) -> None:
-            if task.cancelled() and frames.draining and not frames.disconnected:
-                frames.put(SHUTDOWN_FRAME, 0)  # drained by a server shutdown: end cleanly
-                frames.outcome = "drain"
-                if self._metrics is not None:
-                    self._metrics.drained.inc()
-            frames.close()  # the last frame put ends the response
-
-        reader.add_done_callback(reader_done)
-        remove_drain = self._registry.on_drain(drain)
+        ends = _ReaderEnds(frames, reader, self._metrics)
+        reader.add_done_callback(ends.reader_done)
+        remove_drain = self._registry.on_drain(ends.drain)
         try:
             completed = await self._write(frames, send, writer)
             if not completed and not frames.disconnected:
@@ -399,6 +387,34 @@ class _Frames:
                 await self._space
             finally:
                 self._space = None
+
+
+class _ReaderEnds:
+    """How the reader task ends a response: drained (server shutdown) or done.
+
+    Methods of a slotted object rather than closures (every open response holds them).
+    """
+
+    __slots__ = ("frames", "metrics", "reader")
+
+    def __init__(self, frames: _Frames, reader: asyncio.Task[None], metrics: Metrics | None):
+        self.frames = frames
+        self.reader = reader
+        self.metrics = metrics
+
+    def drain(self) -> None:
+        if not self.reader.done():
+            self.frames.draining = True
+            self.reader.cancel()
+
+    def reader_done(self, task: asyncio.Task[None]) -> None:
+        frames = self.frames
+        if task.cancelled() and frames.draining and not frames.disconnected:
+            frames.put(SHUTDOWN_FRAME, 0)  # drained by a server shutdown: end cleanly
+            frames.outcome = "drain"
+            if self.metrics is not None:
+                self.metrics.drained.inc()
+        frames.close()  # the last frame put ends the response
 
 
 def _wake(future: asyncio.Future[None] | None) -> None:

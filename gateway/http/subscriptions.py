@@ -8,6 +8,7 @@ SSE response on graceful shutdown.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from typing import Literal
@@ -87,7 +88,7 @@ class SubscriptionRegistry:
             callback()
             return lambda: None
         self._drain_callbacks.add(callback)
-        return lambda: self._drain_callbacks.discard(callback)
+        return functools.partial(self._drain_callbacks.discard, callback)
 
     @property
     def draining(self) -> bool:
