@@ -6,6 +6,7 @@ is looked up (404 unknown, 403 when the credentials do not cover it).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Final
 
@@ -83,7 +84,7 @@ def sse_response(
         frame = end_frame(End(info.status, info.error))  # type: ignore[arg-type]
         return SSEResponse(subscribe=None, final_frame=frame, **common)
     bridge = state.bridge
-    return SSEResponse(subscribe=lambda: bridge.subscribe(info.run_id, cursor), **common)
+    return SSEResponse(subscribe=functools.partial(bridge.subscribe, info.run_id, cursor), **common)
 
 
 def _resume_start(cursor: str | None) -> ResumeStart:
