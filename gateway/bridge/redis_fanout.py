@@ -20,6 +20,7 @@ reconnect) cost at most one heartbeat interval: idle subscribers re-read the fee
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from bisect import bisect_right
@@ -60,8 +61,8 @@ class RunFeed:
         self.last_read = 0.0
         self.users = 0
         self._seen = False
-        self._lock = anyio.Lock()
-        self._changed = anyio.Event()
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
 
     # -- what subscribers see ----------------------------------------------------
 
@@ -75,11 +76,16 @@ class RunFeed:
         return entries
 
     async def wait(self, seconds: float) -> None:
-        with anyio.move_on_after(seconds):
-            await self._changed.wait()
+        # asyncio-native on purpose: subscribers run in bare asyncio tasks that are
+        # cancelled with `Task.cancel()` (http/sse.py), and an anyio cancel scope whose
+        # deadline fires as that cancel arrives can swallow it (seen: a drained stream
+        # that kept reading). `asyncio.timeout` tells its own cancel from a caller's.
+        with suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._changed.wait()
 
     def wake(self) -> None:
-        changed, self._changed = self._changed, anyio.Event()
+        changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
     def mark_stale(self) -> None:
