@@ -220,6 +220,8 @@ class SSEResponse(Response):
         first = self._resume == "cursor"
         try:
             async for item in items:
+                if frames.closed:
+                    return  # drained or disconnected: nothing more to write
                 if first:
                     first = False
                     self._first_item(item)
@@ -357,6 +359,8 @@ class _Frames:
         self._space: asyncio.Future[None] | None = None  # the reader waits on it
 
     def put(self, frame: bytes, events: int) -> None:
+        if self.closed:
+            return  # the response already has its last frame
         self.chunks.append(frame)
         self.size += len(frame)
         self.events += events
@@ -403,18 +407,25 @@ class _ReaderEnds:
         self.metrics = metrics
 
     def drain(self) -> None:
-        if not self.reader.done():
-            self.frames.draining = True
-            self.reader.cancel()
+        """Server shutdown: end the response now with what was read, then stop reading.
 
-    def reader_done(self, task: asyncio.Task[None]) -> None:
+        The response ends here rather than when the reader task notices its
+        cancellation, so a drain never depends on how the bridge handles it.
+        """
+        if self.reader.done():
+            return
         frames = self.frames
-        if task.cancelled() and frames.draining and not frames.disconnected:
-            frames.put(SHUTDOWN_FRAME, 0)  # drained by a server shutdown: end cleanly
+        frames.draining = True
+        if not frames.disconnected and not frames.closed:
+            frames.put(SHUTDOWN_FRAME, 0)
             frames.outcome = "drain"
             if self.metrics is not None:
                 self.metrics.drained.inc()
-        frames.close()  # the last frame put ends the response
+            frames.close()
+        self.reader.cancel()
+
+    def reader_done(self, _task: asyncio.Task[None]) -> None:
+        self.frames.close()  # the last frame put ends the response
 
 
 def _wake(future: asyncio.Future[None] | None) -> None:
