@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -44,6 +43,8 @@ from typing import Literal, Self
 from urllib.parse import urlparse
 
 import httpx
+
+from tests.redis_servers import _pdeathsig, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -68,17 +69,6 @@ def _kill_leftovers() -> None:
     for item in list(_live):
         with contextlib.suppress(Exception):
             item.kill()
-
-
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(
