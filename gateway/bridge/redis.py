@@ -51,7 +51,7 @@ from ..values import (
     StreamItem,
     encode_json,
 )
-from .keys import FIELD_END, FIELD_ERROR, RunKeys, check_prefix, run_keys
+from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT, RunKeys, check_prefix, run_keys
 from .redis_fanout import Notifier
 from .scripts import ensure_loaded, lua_source
 
@@ -90,7 +90,7 @@ def _entry_item(entry_id: str, fields: list[bytes]) -> StreamEvent | End:
             error = orjson.loads(fields[3])
         return End(status=_text(fields[1]), error=error, id=entry_id)  # type: ignore[arg-type]
     pairs = dict(zip(fields[::2], fields[1::2], strict=False))
-    return StreamEvent(id=entry_id, event=_text(pairs[b"e"]), data=pairs[b"d"])
+    return StreamEvent(id=entry_id, event=_text(pairs[FIELD_EVENT]), data=pairs[FIELD_DATA])
 
 
 def _no_retry() -> Retry:

@@ -52,7 +52,6 @@ from ..values import END_STATUSES, EndStatus, encode_json
 RUNNING: Final = "running"
 PARKED_STATES: Final = frozenset({"input-required", "auth-required"})
 LIVE_STATES: Final = frozenset({RUNNING, *PARKED_STATES})
-TURN_STATES: Final = LIVE_STATES | END_STATUSES
 
 TEXT_APPEND_EVENTS: Final = frozenset({"token", "text-delta"})
 TEXT_SET_EVENTS: Final = frozenset({"text-set"})
