@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from tests.redis_servers import _pdeathsig, free_port
+from tests.redis_servers import _deadline_poll, _pdeathsig, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -57,7 +56,6 @@ NGINX_VARIABLES = ("NGINX_LISTEN", "GATEWAY_UPSTREAMS")
 HOST = "127.0.0.1"
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
-_POLL = 0.02
 
 ProxyKind = Literal["haproxy", "nginx"]
 
@@ -75,19 +73,7 @@ def wait_until(
     what: str, check: Callable[[], bool], timeout: float, details: Callable[[], str]
 ) -> None:
     """Call ``check`` until it returns True; TimeoutError (with ``details()``) at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            if check():
-                return
-        except (OSError, httpx.TransportError) as exc:
-            last = exc
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"timed out after {timeout}s waiting for {what}: {last!r}\n{details()}"
-            )
-        time.sleep(_POLL)
+    _deadline_poll(what, check, timeout, details, transient=(OSError, httpx.TransportError))
 
 
 def host_port(backend: str) -> str:
@@ -137,12 +123,21 @@ class _Process:
 
     name = "process"
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, port: int | None = None) -> None:
         self._own_dir = directory is None
         self.dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = 0
+        self._fixed_port = port is not None  # else a free port is picked at each start
+        self.port = port or 0
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -234,23 +229,13 @@ class Proxy(_Process):
         if kind not in ("haproxy", "nginx"):
             raise ValueError(f"unknown proxy kind {kind!r}")
         self.name = kind
-        super().__init__(directory)
+        super().__init__(directory, port)
         self.kind: ProxyKind = kind
         self.backends = [host_port(b) for b in backends]
         # The shipped file unless a test passes a variant (e.g. a deliberately bad one).
         self.source = (
             Path(config) if config else HAPROXY_CFG if kind == "haproxy" else NGINX_TEMPLATE
         )
-        self._fixed_port = port is not None
-        self.port = port or 0
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def listen(self) -> str:
-        return f"{HOST}:{self.port}"
 
     @property
     def config_path(self) -> Path:
@@ -259,10 +244,10 @@ class Proxy(_Process):
     def _prepare(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         if self.kind == "haproxy":
-            env.update(haproxy_env(self.backends, self.listen))
+            env.update(haproxy_env(self.backends, self.address))
             argv = [HAPROXY_BIN, "-db", "-f", str(self.source), "-p", str(self.dir / "haproxy.pid")]
             return argv, env
-        text = render_template(self.source.read_text(), nginx_values(self.backends, self.listen))
+        text = render_template(self.source.read_text(), nginx_values(self.backends, self.address))
         self.config_path.write_text(text)
         error_log = self.dir / "error.log"
         directives = f"daemon off; pid {self.dir / 'nginx.pid'}; error_log {error_log} info;"
@@ -299,7 +284,7 @@ class Proxy(_Process):
             self._spawn(argv, env)
             try:
                 wait_until(
-                    f"{self.kind} on {self.listen}", self._accepts, START_TIMEOUT, self._details
+                    f"{self.kind} on {self.address}", self._accepts, START_TIMEOUT, self._details
                 )
                 return self
             except _Exited:
@@ -356,23 +341,13 @@ class GatewayProcess(_Process):
         port: int | None = None,
         directory: Path | None = None,
     ) -> None:
-        super().__init__(directory)
+        super().__init__(directory, port)
         self.redis_url = redis_url
         self.api_key = api_key
         self.heartbeat = heartbeat
         self.key_prefix = key_prefix
         self.args = list(args)
         self.extra_env = dict(env or {})
-        self._fixed_port = port is not None
-        self.port = port or 0
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def address(self) -> str:
-        return f"{HOST}:{self.port}"
 
     @property
     def headers(self) -> dict[str, str]:

@@ -94,16 +94,25 @@ def free_port(*, cluster_bus: bool = False, exclude: Iterable[int] = ()) -> int:
 
 
 def _deadline_poll(
-    what: str, check: Callable[[], bool], timeout: float, on_fail: Callable[[], str] = str
+    what: str,
+    check: Callable[[], bool],
+    timeout: float,
+    on_fail: Callable[[], str] = str,
+    transient: tuple[type[BaseException], ...] = (redis.RedisError, OSError),
 ) -> None:
-    """Call ``check`` until it returns True, or raise TimeoutError after ``timeout`` seconds."""
+    """Call ``check`` until it returns True, or raise TimeoutError after ``timeout`` seconds.
+
+    Polls, because what it waits for is another process (a server answering, a port
+    opening): there is no event in this process to await. ``transient`` errors from
+    ``check`` count as "not yet".
+    """
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:
         try:
             if check():
                 return
-        except (redis.RedisError, OSError) as exc:
+        except transient as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
             raise TimeoutError(
