@@ -24,14 +24,6 @@ async def read_json_object(
     request: Request, max_bytes: int, *, allow_empty: bool
 ) -> dict[str, Any]:
     """The request body as a JSON object, read up to `max_bytes` (413 beyond)."""
-    value, _size = await read_json_object_sized(request, max_bytes, allow_empty=allow_empty)
-    return value
-
-
-async def read_json_object_sized(
-    request: Request, max_bytes: int, *, allow_empty: bool
-) -> tuple[dict[str, Any], int]:
-    """The request body as a JSON object and its size in bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
@@ -45,7 +37,7 @@ async def read_json_object_sized(
     body = b"".join(chunks)
     if not body.strip():
         if allow_empty:
-            return {}, len(body)
+            return {}
         raise HttpError(400, "invalid_json", "request body must be a JSON object")
     try:
         value = orjson.loads(body)
@@ -53,7 +45,7 @@ async def read_json_object_sized(
         raise HttpError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidInput("request body must be a JSON object")
-    return value, len(body)
+    return value
 
 
 def reject_unknown(body: Mapping[str, Any], allowed: frozenset[str]) -> None:

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidInput, PayloadTooLarge, StreamEnded
 from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..values import RawJSON
 from . import access, sessions_routes
 from .bodies import (
     opt_bool,
@@ -24,7 +25,6 @@ from .bodies import (
     opt_seconds,
     opt_str,
     read_json_object,
-    read_json_object_sized,
     reject_unknown,
     req_str,
 )
@@ -38,9 +38,6 @@ _CLAIM_FIELDS: Final = frozenset(
 _EVENT_FIELDS: Final = frozenset({"event", "data"})
 _END_FIELDS: Final = frozenset({"status", "error"})
 _LEASE_FIELDS: Final = frozenset({"lease_seconds"})
-# Re-encoding parsed JSON can grow it (`1e5` -> `100000.0`): bodies above this share of
-# max_event_bytes get each event measured exactly; smaller ones cannot hold a large event.
-_GROWTH: Final = 4
 
 
 def producer_token(request: Request) -> str:
@@ -94,38 +91,40 @@ def _one_event(raw: Any, where: str) -> tuple[str, Any]:
     return check_event_name(req_str(raw, "event")), raw.get("data")
 
 
-def parse_events(
-    body: dict[str, Any], state: GatewayState, body_size: int
-) -> list[tuple[str, Any]]:
-    """`{"event", "data"}` or `{"events": [...]}`, within the batch and event size limits."""
+def parse_events(body: dict[str, Any], state: GatewayState) -> list[tuple[str, Any]]:
+    """`{"event", "data"}` or `{"events": [...]}`, within the batch size limit."""
     settings = state.settings
-    if "events" in body:
-        reject_unknown(body, frozenset({"events"}))
-        raw = body["events"]
-        if not isinstance(raw, list) or not raw:
-            raise InvalidInput('events must be a non-empty list of {"event", "data"} objects')
-        if len(raw) > settings.max_batch_events:
+    if "events" not in body:
+        return [_one_event(body, "the body")]
+    reject_unknown(body, frozenset({"events"}))
+    raw = body["events"]
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInput('events must be a non-empty list of {"event", "data"} objects')
+    if len(raw) > settings.max_batch_events:
+        raise PayloadTooLarge(
+            f"a batch holds at most {settings.max_batch_events} events (got {len(raw)})"
+        )
+    return [_one_event(item, f"events[{i}]") for i, item in enumerate(raw)]
+
+
+def encode_events(events: list[tuple[str, Any]], limit: int) -> list[tuple[str, Any]]:
+    """Each payload encoded once, here, as the bytes every subscriber will receive.
+
+    The size limit applies to those exact bytes (re-encoding parsed JSON can grow it:
+    `1e5` becomes `100000.0`); the bridge publishes them as they are (`RawJSON`).
+    """
+    encoded: list[tuple[str, Any]] = []
+    for index, (name, data) in enumerate(events):
+        try:
+            payload = orjson.dumps(data)
+        except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
+            raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
+        if len(payload) > limit:
             raise PayloadTooLarge(
-                f"a batch holds at most {settings.max_batch_events} events (got {len(raw)})"
+                f"event {index} data is {len(payload)} bytes; the limit is {limit}"
             )
-        events = [_one_event(item, f"events[{i}]") for i, item in enumerate(raw)]
-    else:
-        events = [_one_event(body, "the body")]
-    if body_size * _GROWTH > settings.max_event_bytes:
-        for index, (_name, data) in enumerate(events):
-            size = len(_encode(data))
-            if size > settings.max_event_bytes:
-                raise PayloadTooLarge(
-                    f"event {index} data is {size} bytes; the limit is {settings.max_event_bytes}"
-                )
-    return events
-
-
-def _encode(data: Any) -> bytes:
-    try:
-        return orjson.dumps(data)
-    except orjson.JSONEncodeError as exc:
-        raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
+        encoded.append((name, RawJSON(payload)))
+    return encoded
 
 
 async def publish_events(request: Request) -> Response:
@@ -133,19 +132,15 @@ async def publish_events(request: Request) -> Response:
     state = gateway_state(request)
     run_id = _run_id(request)
     token = producer_token(request)
-    body, size = await read_json_object_sized(
-        request, state.settings.max_body_bytes, allow_empty=False
-    )
-    events = parse_events(body, state, size)
-    try:
-        if len(events) == 1:
-            result = await state.bridge.publish(
-                run_id, events[0][0], events[0][1], producer_token=token
-            )
-        else:
-            result = await state.bridge.publish_many(run_id, events, producer_token=token)
-    except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
-        raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
+    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
+    events = parse_events(body, state)
+    encoded = encode_events(events, state.settings.max_event_bytes)
+    if len(encoded) == 1:
+        result = await state.bridge.publish(
+            run_id, encoded[0][0], encoded[0][1], producer_token=token
+        )
+    else:
+        result = await state.bridge.publish_many(run_id, encoded, producer_token=token)
     state.metrics.events_published.inc(len(result.ids))
     await sessions_routes.record_events(request, result.session_id, run_id, events)
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
