@@ -1,18 +1,18 @@
 """The gateway's exception tree. The HTTP layer translates it to responses in one place.
 
-    GatewayError
-    ├── InvalidInput            bad run id, event name, status, cursor, payload (4xx)
-    │   └── PayloadTooLarge     an event or batch over the configured limits
-    ├── RunNotFound             no record of the run
-    ├── ProducerFenced          stale/wrong producer token or expired lease
-    ├── RunOwned                claim refused: a live lease is held elsewhere
-    ├── StreamEnded             write after END (or claim of an ended run)
-    ├── SessionActive           clear (retire=false) refused: a turn is still running (409)
-    ├── BridgeClosed            the bridge was closed
-    ├── BackendUnavailable      Redis unreachable or failing
-    ├── Unauthorized            missing or invalid credentials (401)
-    │   └── TokenExpired        a subscriber token past its `exp` (401)
-    └── Forbidden               valid credentials that do not cover this run/session (403)
+GatewayError
+├── InvalidInput            bad run id, event name, status, cursor, payload (4xx)
+│   └── PayloadTooLarge     an event or batch over the configured limits
+├── RunNotFound             no record of the run
+├── ProducerFenced          stale/wrong producer token or expired lease
+├── RunOwned                claim refused: a live lease is held elsewhere
+├── StreamEnded             write after END (or claim of an ended run)
+├── SessionActive           clear (retire=false) refused: a turn is still running (409)
+├── BridgeClosed            the bridge was closed
+├── BackendUnavailable      Redis unreachable or failing
+├── Unauthorized            missing or invalid credentials (401)
+│   └── TokenExpired        a subscriber token past its `exp` (401)
+└── Forbidden               valid credentials that do not cover this run/session (403)
 """
 
 from __future__ import annotations

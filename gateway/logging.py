@@ -100,8 +100,7 @@ class RedactAccessTokenFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and record.args:
             record.args = tuple(
-                _ACCESS_TOKEN_RE.sub(r"\1***", a) if isinstance(a, str) else a
-                for a in record.args
+                _ACCESS_TOKEN_RE.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
             )
         if isinstance(record.msg, str) and "access_token=" in record.msg:
             record.msg = _ACCESS_TOKEN_RE.sub(r"\1***", record.msg)

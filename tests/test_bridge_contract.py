@@ -1083,6 +1083,75 @@ async def test_live_fan_out_to_many_readers(bridge: StreamBridge) -> None:
             assert only_end(results[n]).status == "success"
 
 
+async def read_batches(
+    bridge: StreamBridge, run_id: str, last_event_id: str | None = None
+) -> list[list[StreamItem]]:
+    """Every batch of `subscribe_batches` up to the terminal item, checking their shape."""
+    batches: list[list[StreamItem]] = []
+    it = bridge.subscribe_batches(run_id, last_event_id, heartbeat_interval=0.2)
+    try:
+        async for batch in it:
+            assert batch, "an empty batch"
+            batches.append(list(batch))
+            if any(is_terminal(i) for i in batch):
+                assert is_terminal(batch[-1]) and not any(is_terminal(i) for i in batch[:-1])
+                await assert_ended(it)
+                return batches
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await it.aclose()  # type: ignore[attr-defined]
+    raise AssertionError(f"ended without End/StreamGap after {batches!r}")
+
+
+def flat(batches: list[list[StreamItem]]) -> list[StreamItem]:
+    return [item for batch in batches if not is_hb(batch[0]) for item in batch]
+
+
+async def test_subscribe_batches_yields_what_subscribe_does_grouped(bridge: StreamBridge) -> None:
+    """The same items in the same order; what was ready at once comes as one list."""
+    with anyio.fail_after(TIMEOUT):
+        run_id, claim, ids = await new_run(bridge)
+        ids += await bulk(bridge, run_id, claim, 4)
+        live: list[list[StreamItem]] = []
+
+        async def follow(ready: anyio.Event) -> None:
+            it = bridge.subscribe_batches(run_id, heartbeat_interval=0.2)
+            try:
+                async for batch in it:
+                    if is_hb(batch[0]):
+                        assert len(batch) == 1
+                        ready.set()
+                        continue
+                    live.append(list(batch))
+                    if is_terminal(batch[-1]):
+                        return
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await it.aclose()  # type: ignore[attr-defined]
+
+        async with anyio.create_task_group() as tg:
+            ready = anyio.Event()
+            tg.start_soon(follow, ready)
+            await ready.wait()  # replayed the first 4, idle at the tail
+            ids += await bulk(bridge, run_id, claim, 3, start=4)  # one publish_many
+            await bridge.publish_end(run_id, "success", producer_token=claim.token)
+        assert event_ids(flat(live)) == ids
+        assert only_end(flat(live)).status == "success"
+        assert len(live[0]) == 4  # the replay: everything retained, in one batch
+        assert len(live) <= 4  # a batch of 3 cannot be split by the bridge's wake-ups
+        replay = await read_batches(bridge, run_id, ids[1])
+        assert flat(replay) == (await read_all(bridge, run_id, ids[1]))
+        assert len(replay) == 1  # an ended log replays as one batch through END
+
+
+async def test_subscribe_batches_gap_is_a_batch_of_its_own(small: StreamBridge) -> None:
+    bridge = small
+    with anyio.fail_after(TIMEOUT):
+        run_id, _claim, ids, _first = await trimmed_run(bridge)
+        batches = await read_batches(bridge, run_id, ids[0])
+        assert len(batches) == 1 and only_gap(batches[0]).reason == "trimmed"
+
+
 UINT64_MAX_CURSOR = "18446744073709551615-18446744073709551615"
 
 

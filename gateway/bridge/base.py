@@ -8,7 +8,7 @@ whenever they sat idle for the heartbeat interval.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..values import Claim, EndResult, EndStatus, LeaseState, PublishResult, RunInfo, StreamItem
@@ -73,6 +73,20 @@ class StreamBridge(Protocol):
         """Replay from the cursor, then follow live, per the cursor rules (PROTOCOL 2.2)."""
         ...
 
+    def subscribe_batches(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncIterator[Sequence[StreamItem]]:
+        """`subscribe`, but every step yields all the items ready at once, in order.
+
+        The same items as `subscribe` in the same order, grouped: each list is non-empty
+        and a terminal item is the last of its list. This is what the SSE response reads:
+        one step of the reader, one socket write, however many events arrived.
+        """
+        ...
+
     async def request_cancel(self, run_id: str) -> bool:
         """Flag the run for cancellation; False when the run is unknown."""
         ...
@@ -94,3 +108,16 @@ class StreamBridge(Protocol):
     async def close(self) -> None:
         """Wake every reader (unfinished ones get a `bridge_closed` gap) and release I/O."""
         ...
+
+
+async def one_by_one(batches: AsyncGenerator[Sequence[StreamItem], None]) -> AsyncIterator[StreamItem]:
+    """The items of `batches` one at a time (`subscribe` from `subscribe_batches`).
+
+    Closing this closes `batches`, so the backend's cleanup runs.
+    """
+    try:
+        async for batch in batches:
+            for item in batch:
+                yield item
+    finally:
+        await batches.aclose()

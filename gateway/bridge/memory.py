@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from ..values import (
     StreamItem,
     encode_json,
 )
+from .base import one_by_one
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
 # Under a steady stream, readers are woken at most this often (seconds) and read in batches.
@@ -305,6 +306,23 @@ class MemoryStreamBridge:
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
     ) -> AsyncIterator[StreamItem]:
+        return one_by_one(self._batches(run_id, last_event_id, heartbeat_interval, 1))
+
+    def subscribe_batches(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncIterator[Sequence[StreamItem]]:
+        return self._batches(run_id, last_event_id, heartbeat_interval, None)
+
+    def _batches(
+        self,
+        run_id: str,
+        last_event_id: str | None,
+        heartbeat_interval: float | None,
+        limit: int | None,
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
         check_run_id(run_id)
         interval = (
             self._settings.heartbeat_interval_seconds
@@ -314,11 +332,21 @@ class MemoryStreamBridge:
         # The generation is captured now, not at the first read: a reader whose generation
         # is retired before it reads must get a gap, never a recreated stream.
         run = self._runs.get(run_id)
-        return self._read(run_id, run.gen if run else None, last_event_id, interval)
+        return self._read(run_id, run.gen if run else None, last_event_id, interval, limit)
 
     async def _read(
-        self, run_id: str, gen: _Generation | None, cursor: str | None, interval: float
-    ) -> AsyncIterator[StreamItem]:
+        self,
+        run_id: str,
+        gen: _Generation | None,
+        cursor: str | None,
+        interval: float,
+        limit: int | None,
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
+        """Everything ready at once (at most `limit` events), as one list per step.
+
+        `subscribe` reads one event per step, so a retirement or close between two events
+        is seen before the second, exactly as a reader of single items expects.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + interval
         pos: int | None = None  # absolute position of the next event to deliver
@@ -327,7 +355,7 @@ class MemoryStreamBridge:
         try:
             while True:
                 if self._closed:
-                    yield self._final(gen, pos, "bridge_closed")
+                    yield [self._final(gen, pos, "bridge_closed")]
                     return
                 if gen is None:
                     run = self._runs.get(run_id)
@@ -336,7 +364,7 @@ class MemoryStreamBridge:
                         continue
                     if run is not None and run.status != "running":
                         # Log removed after END: say how it ended rather than wait forever.
-                        yield End(run.status, run.error, run.end_id)
+                        yield [End(run.status, run.error, run.end_id)]
                         return
                     if pending is None or pending.created.fired:
                         # (Re-)register: a set entry was for a generation already retired.
@@ -345,13 +373,13 @@ class MemoryStreamBridge:
                         pending.readers += 1
                     waiter = pending.created
                 elif gen.retired:
-                    yield self._final(gen, pos, "stream_removed")
+                    yield [self._final(gen, pos, "stream_removed")]
                     return
                 else:
                     if pos is None:
                         start = self._position(gen, cursor)
                         if isinstance(start, StreamGap):
-                            yield start
+                            yield [start]
                             return
                         pos = start
                         if try_parse_cursor(cursor) is not None:
@@ -359,23 +387,31 @@ class MemoryStreamBridge:
                     index = pos - gen.base
                     if index < gen.head:  # overtaken by eviction while we were away
                         retained = gen.retained()
-                        yield StreamGap(delivered, _id(retained[0]), _id(retained[-1]), "trimmed")
+                        gap = StreamGap(delivered, _id(retained[0]), _id(retained[-1]), "trimmed")
+                        yield [gap]
                         return
-                    if index < len(gen.events):
-                        item = gen.events[index]
-                        assert item is not None  # index >= head: retained
-                        pos += 1
-                        delivered = item.id
-                        yield item
+                    stop = len(gen.events)
+                    if limit is not None:
+                        stop = min(stop, index + limit)
+                    if index < stop:
+                        # Slots from the head on are retained (never None).
+                        batch: list[StreamItem] = gen.events[index:stop]  # type: ignore[assignment]
+                        pos += len(batch)
+                        delivered = batch[-1].id  # type: ignore[union-attr]
+                        if gen.end is not None and stop == len(gen.events):
+                            batch.append(gen.end)  # the END comes with the last events
+                            yield batch
+                            return
+                        yield batch
                         deadline = loop.time() + interval
                         continue
                     if gen.end is not None:
-                        yield gen.end
+                        yield [gen.end]
                         return
                     waiter = gen.changed
                     gen.readers_parked = loop.time()
                 if not await waiter.wait_until(loop, deadline):
-                    yield HEARTBEAT
+                    yield [HEARTBEAT]
                     deadline = loop.time() + interval
         finally:
             self._release(run_id, pending)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
@@ -51,6 +51,7 @@ from ..values import (
     StreamItem,
     encode_json,
 )
+from .base import one_by_one
 from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT, RunKeys, check_prefix, run_keys
 from .redis_fanout import Notifier
 from .scripts import ensure_loaded, lua_source
@@ -231,9 +232,7 @@ class RedisStreamBridge:
     async def _script(self, name: str, keys: RunKeys, *args: bytes | str | int) -> Any:
         """A write script: never re-sent after it may have run (see `_connect`)."""
         script = self._scripts[name]
-        return await self._call(
-            lambda: script(keys=list(keys.both), args=list(args)), resend=False
-        )
+        return await self._call(lambda: script(keys=list(keys.both), args=list(args)), resend=False)
 
     def _lease_ms(self, lease_seconds: float | None) -> int:
         seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
@@ -446,12 +445,20 @@ class RedisStreamBridge:
             return None
         return _text(reply[0][0]), _flatten(reply[0][1])
 
-    async def subscribe(
+    def subscribe(
         self,
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
     ) -> AsyncIterator[StreamItem]:
+        return one_by_one(self.subscribe_batches(run_id, last_event_id, heartbeat_interval))
+
+    async def subscribe_batches(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
         keys = self._keys(run_id)
         interval = (
             self._settings.heartbeat_interval_seconds
@@ -476,7 +483,7 @@ class RedisStreamBridge:
         async with self._notifier.attach(keys, newest[0] if newest else "0-0") as feed:
             while True:
                 if self._closed or feed.closed:
-                    yield StreamGap(_requested(position), None, None, "bridge_closed")
+                    yield [StreamGap(_requested(position), None, None, "bridge_closed")]
                     return
                 try:
                     if feed.stale:
@@ -493,42 +500,45 @@ class RedisStreamBridge:
                     if exists:
                         seen_stream = True
                     elif seen_stream:
-                        yield StreamGap(_requested(position), None, None, "stream_removed")
+                        yield [StreamGap(_requested(position), None, None, "stream_removed")]
                         return
                     elif status and _text(status) != "running":
                         # The log of an ended run is gone but its record remains.
-                        yield End(status=_text(status))  # type: ignore[arg-type]
+                        yield [End(status=_text(status))]  # type: ignore[arg-type]
                         return
                     elif status:
                         seen_record = True  # claimed, nothing published yet
                     elif seen_record:
                         # The record we saw is gone too (Redis lost its data, or the
                         # run expired): waiting would mean heartbeats forever.
-                        yield StreamGap(_requested(position), None, None, "stream_removed")
+                        yield [StreamGap(_requested(position), None, None, "stream_removed")]
                         return
                     behind = check_gap and trimmed and position != "-"
                     if behind and parse_cursor(position) < parse_cursor(_text(trimmed)):
                         # Something after our position was trimmed before we read it.
                         earliest, latest = await self._bounds(keys)
-                        yield StreamGap(position, earliest, latest, "trimmed")
+                        yield [StreamGap(position, earliest, latest, "trimmed")]
                         return
                     if tail and _is_end(tail[1]):
                         # The cursor is at or past the END entry: the run is over.
-                        yield _entry_item(_text(tail[0]), tail[1])
+                        yield [_entry_item(_text(tail[0]), tail[1])]
                         return
                     window = [_entry_item(_text(i), fields) for i, fields in entries]
                     caught_up = not window
                 if window:
-                    for item in window:
-                        yield item
-                        if isinstance(item, End):
-                            return
-                        position = item.id
+                    end = _first_end(window)  # a legacy log may hold entries after an END
+                    if end is not None:
+                        yield window[: end + 1]
+                        return
+                    yield window
+                    last = window[-1]
+                    assert isinstance(last, StreamEvent)  # no END in this window
+                    position = last.id
                     check_gap = True
                     idle_since = time.monotonic()
                     continue
                 if feed.removed:
-                    yield StreamGap(_requested(position), None, None, "stream_removed")
+                    yield [StreamGap(_requested(position), None, None, "stream_removed")]
                     return
                 now = time.monotonic()
                 if now - idle_since >= interval:
@@ -536,7 +546,7 @@ class RedisStreamBridge:
                         feed.mark_stale()  # a lost notification costs one interval at most
                     if not seen_stream:
                         caught_up = False  # no log yet: re-check the run record directly
-                    yield HEARTBEAT
+                    yield [HEARTBEAT]
                     idle_since = time.monotonic()
                     continue
                 if not feed.stale:
@@ -568,6 +578,13 @@ class RedisStreamBridge:
                 await self._redis.aclose(close_connection_pool=True)
         except (*_BACKEND_ERRORS, redis_errors.RedisError):
             pass
+
+
+def _first_end(items: Sequence[StreamEvent | End]) -> int | None:
+    for index, item in enumerate(items):
+        if isinstance(item, End):
+            return index
+    return None
 
 
 def _position_key(position: str) -> EventKey:

@@ -43,6 +43,7 @@ from .state import gateway_state
 
 log = logging.getLogger(__name__)
 
+
 def session_store(request: Request) -> SessionStore:
     """The app's session store (built beside the bridge when the app starts)."""
     return gateway_state(request).sessions
