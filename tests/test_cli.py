@@ -341,8 +341,20 @@ def test_demo_command_produces_over_http(start_server: Callable[..., Server]) ->
     server = start_server("--api-key", key)
     server.wait_healthy()
     result = subprocess.run(
-        [sys.executable, "-m", "gateway", "demo", "--url", server.base, "--runs", "1",
-         "--token-delay", "0", "--pause", "0"],
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "demo",
+            "--url",
+            server.base,
+            "--runs",
+            "1",
+            "--token-delay",
+            "0",
+            "--pause",
+            "0",
+        ],
         cwd=ROOT,
         env=clean_env(GATEWAY_API_KEY=key),
         capture_output=True,

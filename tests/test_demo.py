@@ -55,11 +55,7 @@ async def demo_log() -> AsyncIterator[Collect]:
 
 
 def run_ids(handler: Collect) -> list[str]:
-    return [
-        str(r.__dict__["run_id"])
-        for r in handler.records
-        if "watch it with" in r.getMessage()
-    ]
+    return [str(r.__dict__["run_id"]) for r in handler.records if "watch it with" in r.getMessage()]
 
 
 async def read_all(bridge: MemoryStreamBridge, run_id: str) -> tuple[list[str], End | None]:
@@ -79,9 +75,7 @@ async def read_all(bridge: MemoryStreamBridge, run_id: str) -> tuple[list[str], 
 async def test_demo_streams_a_paragraph_then_ends(
     bridge: MemoryStreamBridge, demo_log: Collect
 ) -> None:
-    done = await run_demo(
-        bridge, base_url="http://127.0.0.1:9", token_delay=0, pause=0, max_runs=2
-    )
+    done = await run_demo(bridge, base_url="http://127.0.0.1:9", token_delay=0, pause=0, max_runs=2)
     assert done == 2
     ids = run_ids(demo_log)
     assert len(ids) == 2 and ids[0] != ids[1]

@@ -108,7 +108,8 @@ async def test_redis_unreachable_10s_then_exact_resume(
                 sent = time.monotonic()
                 entry_id = await producer.publish_seq(seq)
                 await poll(
-                    "delivered", lambda entry_id=entry_id: _arrived(follower, entry_id),
+                    "delivered",
+                    lambda entry_id=entry_id: _arrived(follower, entry_id),
                     heartbeat + 5,
                 )
                 latencies.append(follower.arrivals[entry_id] - sent)
@@ -264,9 +265,7 @@ async def test_dead_producer_gets_one_producer_lost_end_with_three_gateways_raci
     clients = [httpx.AsyncClient(base_url=g.url, timeout=10) for g in gws]
     try:
         producer = await HttpProducer.claim(clients[0], lease_seconds=lease)
-        followers = [
-            Follower(lambda c=c: c, producer.run_id) for c in clients for _ in range(2)
-        ]
+        followers = [Follower(lambda c=c: c, producer.run_id) for c in clients for _ in range(2)]
         async with anyio.create_task_group() as tg:
             for f in followers:
                 tg.start_soon(f.run, 30.0)
@@ -323,9 +322,7 @@ async def test_zombie_producer_after_takeover_is_fenced_and_never_interleaves(
             )
             assert takeover.status_code == 201, takeover.text
             assert takeover.json()["epoch"] == old.epoch + 1
-            new = HttpProducer(
-                clients[2], old.run_id, takeover.json()["producer_token"], 2, "new"
-            )
+            new = HttpProducer(clients[2], old.run_id, takeover.json()["producer_token"], 2, "new")
             zombie = HttpProducer(clients[0], old.run_id, old.token, old.epoch, "old")
 
             async def zombie_writes() -> None:
@@ -525,8 +522,11 @@ class ReplyDropper:
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
         swallow = anyio.Event()  # set: the next reply is dropped with the connections
-        async with client, await anyio.connect_tcp(*self.target) as server, \
-            anyio.create_task_group() as tg:
+        async with (
+            client,
+            await anyio.connect_tcp(*self.target) as server,
+            anyio.create_task_group() as tg,
+        ):
 
             async def up() -> None:
                 async for chunk in client:

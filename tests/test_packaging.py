@@ -16,8 +16,18 @@ SCRIPTS = sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
 @pytest.mark.timeout(180)
 def test_wheel_carries_lua_and_installed_copy_loads_it(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-q", "-w", str(tmp_path / "dist"), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
         check=True,
     )
     (wheel,) = (tmp_path / "dist").glob("gateway-*.whl")
@@ -26,8 +36,17 @@ def test_wheel_carries_lua_and_installed_copy_loads_it(tmp_path: Path) -> None:
 
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-         str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
         check=True,
     )
     probe = (
@@ -37,6 +56,9 @@ def test_wheel_carries_lua_and_installed_copy_loads_it(tmp_path: Path) -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", probe, str(site)],
-        cwd=tmp_path, check=True, capture_output=True, text=True,
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     assert Path(out) == site / "gateway" / "lua"

@@ -27,17 +27,29 @@ def test_fuzzed_requests_get_documented_statuses_and_no_500(key_prefix: str) -> 
     with serve(make_settings("memory", None, key_prefix)) as server:
         result = subprocess.run(
             [
-                str(SCHEMATHESIS), "run", f"{server.base_url}/openapi.json",
-                "--checks", "not_a_server_error,status_code_conformance",
-                "--phases", "examples,fuzzing",
-                "--max-examples", "15",
-                "--workers", "2",
-                "--request-timeout", "10",
-                "--exclude-path-regex", "/wait$",
-                "--seed", "1",
+                str(SCHEMATHESIS),
+                "run",
+                f"{server.base_url}/openapi.json",
+                "--checks",
+                "not_a_server_error,status_code_conformance",
+                "--phases",
+                "examples,fuzzing",
+                "--max-examples",
+                "15",
+                "--workers",
+                "2",
+                "--request-timeout",
+                "10",
+                "--exclude-path-regex",
+                "/wait$",
+                "--seed",
+                "1",
                 "--no-color",
             ],
-            capture_output=True, text=True, timeout=550, check=False,
+            capture_output=True,
+            text=True,
+            timeout=550,
+            check=False,
         )
     summary = result.stdout[-3000:]
     assert result.returncode == 0, summary

@@ -40,8 +40,12 @@ async def test_turn_follows_the_producer(client: httpx.AsyncClient) -> None:
         headers = {"X-Producer-Token": token}
         res = await client.post(
             f"/v1/runs/{run_id}/events",
-            json={"events": [{"event": "token", "data": {"text": "Sun"}},
-                             {"event": "token", "data": {"text": "ny"}}]},
+            json={
+                "events": [
+                    {"event": "token", "data": {"text": "Sun"}},
+                    {"event": "token", "data": {"text": "ny"}},
+                ]
+            },
             headers=headers,
         )
         assert res.status_code == 200
@@ -67,8 +71,9 @@ async def test_turn_follows_the_producer(client: httpx.AsyncClient) -> None:
         parked = (await client.get("/v1/sessions?parked=true")).json()["sessions"]
         assert parked and parked[0]["last_state"] == "input-required"
 
-        end = await client.post(f"/v1/runs/{run_id}/end", json={"status": "success"},
-                                headers=headers)
+        end = await client.post(
+            f"/v1/runs/{run_id}/end", json={"status": "success"}, headers=headers
+        )
         assert end.status_code == 200
         (done,) = (await client.get("/v1/sessions/chat-1/turns")).json()["turns"]
         assert done["state"] == "success" and done["text"] == "Sunny"
@@ -79,12 +84,15 @@ async def test_recovery_end_settles_the_turn(
 ) -> None:
     with anyio.fail_after(TIMEOUT):
         claim = await client.post(
-            "/v1/runs", json={"session_id": "chat-2", "lease_seconds": 0.8,
-                              "input_message": MESSAGE}
+            "/v1/runs",
+            json={"session_id": "chat-2", "lease_seconds": 0.8, "input_message": MESSAGE},
         )
         run_id = claim.json()["run_id"]
-        await client.post(f"/v1/runs/{run_id}/events", json={"event": "token", "data": "x"},
-                          headers={"X-Producer-Token": claim.json()["producer_token"]})
+        await client.post(
+            f"/v1/runs/{run_id}/events",
+            json={"event": "token", "data": "x"},
+            headers={"X-Producer-Token": claim.json()["producer_token"]},
+        )
         # A waiter makes this gateway watch the run; the producer never comes back.
         wait = await client.get(f"/v1/runs/{run_id}/wait", params={"timeout": 10})
         assert wait.status_code == 200 and wait.json()["status"] == "producer_lost"
@@ -101,16 +109,20 @@ async def test_retired_session_stays_hidden_after_a_late_write(
     client: httpx.AsyncClient,
 ) -> None:
     with anyio.fail_after(TIMEOUT):
-        claim = await client.post("/v1/runs", json={"session_id": "chat-3",
-                                                     "input_message": MESSAGE})
+        claim = await client.post(
+            "/v1/runs", json={"session_id": "chat-3", "input_message": MESSAGE}
+        )
         run_id, token = claim.json()["run_id"], claim.json()["producer_token"]
         res = await client.delete("/v1/sessions/chat-3", params={"retire": "false"})
         assert res.status_code == 409 and res.json()["error"] == "session_active"
         res = await client.delete("/v1/sessions/chat-3")
         assert res.status_code == 200 and res.json()["removed_runs"] == [run_id]
         # The in-flight producer saves again after the deletion.
-        await client.post(f"/v1/runs/{run_id}/events", json={"event": "token", "data": "late"},
-                          headers={"X-Producer-Token": token})
+        await client.post(
+            f"/v1/runs/{run_id}/events",
+            json={"event": "token", "data": "late"},
+            headers={"X-Producer-Token": token},
+        )
         assert (await client.get("/v1/sessions/chat-3/turns")).json()["turns"] == []
         rows = (await client.get("/v1/sessions")).json()["sessions"]
         assert "chat-3" not in [r["session_id"] for r in rows]

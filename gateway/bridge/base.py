@@ -110,7 +110,9 @@ class StreamBridge(Protocol):
         ...
 
 
-async def one_by_one(batches: AsyncGenerator[Sequence[StreamItem], None]) -> AsyncIterator[StreamItem]:
+async def one_by_one(
+    batches: AsyncGenerator[Sequence[StreamItem], None],
+) -> AsyncIterator[StreamItem]:
     """The items of `batches` one at a time (`subscribe` from `subscribe_batches`).
 
     Closing this closes `batches`, so the backend's cleanup runs.
