@@ -10,19 +10,20 @@ monkey-patches uvicorn process-wide. This response keeps its behaviours:
 - pings: the bridge yields a heartbeat after `heartbeat_interval_seconds` idle, written
   as the comment `: heartbeat`;
 - a send timeout: a client that stops reading for `send_timeout` seconds is dropped;
-- prompt disconnect detection: `receive()` is watched concurrently with the bridge
-  iterator in one task group, so a disconnect cancels the subscription at once (not at
-  the next heartbeat write) and every resource is freed;
+- prompt disconnect detection: `receive()` is watched by a task beside the stream, so a
+  disconnect stops the subscription at once (not at the next heartbeat write) and every
+  resource is freed;
 - graceful shutdown: when the registry drains (server exit), the bridge subscription is
   stopped, frames already read are flushed, and the response ends cleanly so clients
   reconnect with `Last-Event-ID` after the jittered `retry:` hint.
 
-Frames already available are coalesced into one `send` (bounded by `COALESCE_BYTES`).
-A reader task pulls the bridge into a small bounded buffer without suspending while the
-bridge has items ready, so a burst reaches the writer, and the socket, as one write per
-wake-up rather than one per event. When the client is slow the reader stops pulling,
-so the subscription falls behind inside the bridge's retention (and gets a gap only if
-it falls out of it) without ever stalling the producer.
+One task reads and writes: it takes the bridge's items in batches (`subscribe_batches`:
+everything ready at once) and writes each batch as one `send` (split at
+`COALESCE_BYTES`), so a burst reaches the socket as one write per wake-up rather than one
+per event, and no hand-off between tasks is paid per event. When the client is slow the
+`send` waits (the server's flow control) and the task stops reading, so the subscription
+falls behind inside the bridge's retention (and gets a gap only if it falls out of it)
+without ever stalling the producer.
 
 A subscriber-side backend failure ends the response with an `unavailable` frame (no
 `id:`), never touching the producer. A disconnect never cancels the producer either.
@@ -40,7 +41,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar, Final, Literal
 
 import anyio
@@ -73,7 +74,7 @@ COALESCE_BYTES: Final = 64 * 1024
 SEND_TIMEOUT: Final = 30.0
 CLOSE_TIMEOUT: Final = 5.0
 
-Subscribe = Callable[[], AsyncIterator[StreamItem]]
+Subscribe = Callable[[], AsyncIterator[Sequence[StreamItem]]]
 # How the reader asked to start: no cursor, a malformed one, or a valid one (whose
 # outcome, exact or a gap, is known at the subscription's first item).
 ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
@@ -82,10 +83,10 @@ ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
 class SSEResponse(Response):
     """ASGI response streaming one subscription as SSE (a `Response` only for routing).
 
-    `subscribe` is called once the response has started; `None` means the stream is
-    already known to be over and only `final_frame` (an `end` frame) is written.
-    `on_delivered(n)` is told how many data events each write carried. `metrics` and
-    `resume` feed the metrics (see the module doc); both are optional.
+    `subscribe` (a `subscribe_batches` call) is made once the response has started;
+    `None` means the stream is already known to be over and only `final_frame` (an `end`
+    frame) is written. `on_delivered(n)` is told how many data events each write carried.
+    `metrics` and `resume` feed the metrics (see the module doc); both are optional.
     """
 
     def __init__(
@@ -140,12 +141,12 @@ class SSEResponse(Response):
                 if record is not None:
                     record.outcome, record.events_delivered = outcome, 0
                 return
-            frames = _Frames()
+            stream = _Stream(self._send_timeout, asyncio.current_task())
             try:
-                await self._stream(receive, send, self._subscribe, frames)
+                await self._serve(receive, send, self._subscribe, stream)
             finally:
                 if record is not None:
-                    record.outcome, record.events_delivered = frames.outcome, frames.sent
+                    record.outcome, record.events_delivered = stream.outcome, stream.sent
 
     def _count_resume(self, outcome: ResumeOutcome) -> None:
         if self._metrics is not None:
@@ -162,105 +163,154 @@ class SSEResponse(Response):
         else:
             self._count_resume("exact")
 
-    async def _stream(
-        self, receive: Receive, send: Send, subscribe: Subscribe, frames: _Frames
+    async def _serve(
+        self, receive: Receive, send: Send, subscribe: Subscribe, stream: _Stream
     ) -> None:
-        """Writer in this task, the bridge reader and the disconnect watcher beside it.
+        """Stream in this task, with the disconnect watcher beside it.
 
-        Plain asyncio tasks rather than an anyio task group: an idle stream is what a
-        process holds thousands of, and a task group with three tasks costs ~3x the
-        memory of three bare tasks. Drain is a registry callback, not a waiting task.
+        A bare asyncio task rather than an anyio task group: an idle stream is what a
+        process holds thousands of. Drain is a registry callback, not a waiting task.
+        Disconnect, drain and send timeout interrupt this task with `Task.cancel()`
+        (`_Stream.stop`), which is told apart from a cancellation from outside.
         """
-        loop = asyncio.get_running_loop()
-        writer = _Writer(self._send_timeout, asyncio.current_task())
-        reader = loop.create_task(self._read(subscribe, frames))
-        watcher = loop.create_task(self._watch_disconnect(receive, frames, reader, writer))
-
-        ends = _ReaderEnds(frames, reader, self._metrics)
-        reader.add_done_callback(ends.reader_done)
-        remove_drain = self._registry.on_drain(ends.drain)
+        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, stream))
+        remove_drain = self._registry.on_drain(stream.drain)
+        batches = subscribe()
         try:
-            completed = await self._write(frames, send, writer)
-            if not completed and not frames.disconnected:
-                frames.outcome = "send_timeout"
-                log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
+            try:
+                await self._pump(batches, send, stream)
+            except asyncio.CancelledError:
+                if stream.stopped is None:
+                    raise
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                if stream.stopped == "drain":
+                    await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+            except OSError:  # the client went away mid-write (servers other than uvicorn)
+                stream.outcome = "disconnect"
         finally:
-            if frames.disconnected:
-                frames.outcome = "disconnect"
+            stream.state = _CLOSING  # nothing interrupts the cleanup
             remove_drain()
             watcher.cancel()
-            if not reader.done():
-                reader.cancel()
-            # The reader closes the bridge subscription (shielded) before it finishes;
-            # wait for it so every resource is freed when the response returns.
-            await asyncio.wait([reader, watcher])
-            if not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()  # type: ignore[misc]
+            # Close the bridge subscription (shielded) so every resource is freed when
+            # the response returns.
+            await _aclose(batches)
+            await asyncio.wait([watcher])
+        if stream.stopped == "send timeout":
+            stream.outcome = "send_timeout"
+            log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
+        elif stream.stopped == "disconnect":
+            stream.outcome = "disconnect"
 
-    async def _watch_disconnect(
-        self, receive: Receive, frames: _Frames, reader: asyncio.Task[None], writer: _Writer
-    ) -> None:
+    async def _watch_disconnect(self, receive: Receive, stream: _Stream) -> None:
         while True:
             message: Message = await receive()
             if message["type"] == "http.disconnect":
-                frames.disconnected = True
-                frames.close()
-                reader.cancel()
-                writer.stop("disconnect")
+                stream.stop("disconnect")
                 return
 
-    async def _read(self, subscribe: Subscribe, frames: _Frames) -> None:
-        """Pull the bridge into `frames`; the last frame put ends the response.
-
-        Items the bridge has ready are taken without suspending (an async generator that
-        does not wait does not yield to the loop), so the writer, woken for the next loop
-        iteration, finds everything that was ready and sends it in one write.
-        """
-        items = subscribe()
+    async def _pump(
+        self, batches: AsyncIterator[Sequence[StreamItem]], send: Send, stream: _Stream
+    ) -> None:
+        """Read a batch, write it; until a terminal item, a drain or a backend failure."""
         first = self._resume == "cursor"
-        try:
-            async for item in items:
-                if frames.closed:
-                    return  # drained or disconnected: nothing more to write
-                if first:
-                    first = False
-                    self._first_item(item)
+        await self._write(send, stream, retry_frame(), 0, None, more=True)
+        while True:
+            if stream.draining:
+                await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+                return
+            stream.state = _READING
+            try:
+                batch = await anext(batches)
+            except StopAsyncIteration:  # bridges end with a terminal item; end cleanly anyway
+                await self._last_frame(send, stream, b"", "end")
+                return
+            except (BackendUnavailable, BridgeClosed, OSError) as exc:
+                self._unavailable(exc)
+                frame = unavailable_frame(self.run_id, str(exc) or "backend failure")
+                await self._last_frame(send, stream, frame, "unavailable")
+                return
+            finally:
+                stream.state = _BUSY
+            if first:
+                first = False
+                self._first_item(batch[0])
+            chunks: list[bytes] = []
+            size = events = 0
+            last_id: str | None = None
+            for item in batch:
                 if isinstance(item, StreamEvent):
-                    frames.put(event_frame(item), 1)
-                    frames.last_id = item.id
+                    frame = event_frame(item)
+                    events += 1
+                    last_id = item.id
                 elif isinstance(item, Heartbeat):
-                    frames.put(HEARTBEAT_FRAME, 0)
+                    frame = HEARTBEAT_FRAME
                 elif isinstance(item, End):
-                    frames.put(end_frame(item), 0)
-                    frames.outcome = "end"
+                    chunks.append(end_frame(item))
+                    await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
+                    stream.outcome = "end"
                     return
-                elif isinstance(item, StreamGap):
-                    frames.put(gap_frame(self.run_id, item), 0)
-                    frames.outcome = "gap"
+                else:
+                    chunks.append(gap_frame(self.run_id, item))
                     self._gap_served(item)
+                    await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
+                    stream.outcome = "gap"
                     return
-                if frames.size >= COALESCE_BYTES:
-                    await frames.wait_space()  # a slow client: stop pulling
-        except (BackendUnavailable, BridgeClosed, OSError) as exc:
-            frames.put(unavailable_frame(self.run_id, str(exc) or "backend failure"), 0)
-            frames.outcome = "unavailable"
-            if isinstance(exc, BridgeClosed):
-                log.info("sse: run %s subscription ended: bridge closed", self.run_id)
-            else:
-                if self._metrics is not None:
-                    self._metrics.unavailable("sse")
-                lifecycle(
-                    "backend_unavailable",
-                    "sse subscription failed",
-                    level=logging.WARNING,
-                    route_kind="sse",
-                    run_id=self.run_id,
-                    request_id=self._request_id,
-                    error=type(exc).__name__,
-                )
+                chunks.append(frame)
+                size += len(frame)
+                if size >= COALESCE_BYTES:
+                    await self._write(send, stream, b"".join(chunks), events, last_id, more=True)
+                    chunks, size, events, last_id = [], 0, 0, None
+            if chunks:
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                await self._write(send, stream, body, events, last_id, more=True)
+
+    async def _last_frame(self, send: Send, stream: _Stream, frame: bytes, outcome: str) -> None:
+        if outcome == "drain" and self._metrics is not None:
+            self._metrics.drained.inc()
+        stream.outcome = outcome
+        stream.state = _BUSY  # an interruption (drain) is over: this write may time out
+        await self._write(send, stream, frame, 0, None, more=False)
+
+    async def _write(
+        self,
+        send: Send,
+        stream: _Stream,
+        body: bytes,
+        delivered: int,
+        last_id: str | None,
+        *,
+        more: bool,
+    ) -> None:
+        await stream.send(send, body, more=more)
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.bytes_out.inc(len(body))
+        if delivered:
+            stream.sent += delivered
+            if self._on_delivered is not None:
+                self._on_delivered(delivered)
+            if metrics is not None:
+                metrics.delivered(delivered)
+                if last_id is not None:
+                    metrics.lag.observe(self._lag_seconds(last_id))
+
+    def _unavailable(self, exc: Exception) -> None:
+        if isinstance(exc, BridgeClosed):
+            log.info("sse: run %s subscription ended: bridge closed", self.run_id)
             return
-        finally:
-            await _aclose(items)
+        if self._metrics is not None:
+            self._metrics.unavailable("sse")
+        lifecycle(
+            "backend_unavailable",
+            "sse subscription failed",
+            level=logging.WARNING,
+            route_kind="sse",
+            run_id=self.run_id,
+            request_id=self._request_id,
+            error=type(exc).__name__,
+        )
 
     def _gap_served(self, gap: StreamGap) -> None:
         if self._metrics is not None:
@@ -276,46 +326,6 @@ class SSEResponse(Response):
             latest_available_event_id=gap.latest_available_event_id,
         )
 
-    async def _write(self, frames: _Frames, send: Send, writer: _Writer) -> bool:
-        """Write what is ready in one send per wake-up; False on send timeout/disconnect."""
-        metrics = self._metrics
-        try:
-            first = retry_frame()
-            await writer.send(send, first, more=True)
-            if metrics is not None:
-                metrics.bytes_out.inc(len(first))
-            while True:
-                if not frames.chunks and not frames.closed:
-                    await frames.wait_ready()
-                if frames.disconnected:
-                    return False
-                body, delivered, last_id = frames.take()
-                more = not frames.closed
-                await writer.send(send, body, more=more)
-                if metrics is not None:
-                    metrics.bytes_out.inc(len(body))
-                if delivered:
-                    frames.sent += delivered
-                    if self._on_delivered is not None:
-                        self._on_delivered(delivered)
-                    if metrics is not None:
-                        metrics.delivered(delivered)
-                        if last_id is not None:
-                            metrics.lag.observe(self._lag_seconds(last_id))
-                if not more:
-                    return True
-        except asyncio.CancelledError:
-            if writer.stopped is None:
-                raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
-            return False
-        except OSError:  # the client went away mid-write (servers other than uvicorn)
-            return False
-        finally:
-            writer.close()
-
     def _lag_seconds(self, event_id: str) -> float:
         """Now minus the later of the event's publish time (its id's ms) and our start."""
         published_ms = float(event_id[: event_id.find("-")])
@@ -323,124 +333,29 @@ class SSEResponse(Response):
         return lag_ms / 1000 if lag_ms > 0 else 0.0
 
 
-class _Frames:
-    """Frames the reader has pulled and the writer has not sent yet (single loop, no locks).
+# Where the streaming task is waiting, which decides what may interrupt it.
+_BUSY: Final = 0  # sending (or about to): a send timeout or a disconnect may stop it
+_READING: Final = 1  # in the bridge: a disconnect or a drain may stop it
+_CLOSING: Final = 2  # cleaning up: nothing may
 
-    Bounded: the reader waits once `size` reaches `COALESCE_BYTES` until the writer has
-    taken the lot, so a slow client only stops its own reader. Waits use a future made
-    on demand (an idle stream holds one, not two preallocated `asyncio.Event`s).
+
+class _Stream:
+    """State of one streaming response, and how others stop its task (single loop).
+
+    `stop(reason)` cancels the task when it waits where `reason` applies; the task then
+    sees `stopped` set and ends the response accordingly. Slotted, no closures: every
+    open response holds one.
     """
 
-    __slots__ = (
-        "_ready",
-        "_space",
-        "chunks",
-        "closed",
-        "disconnected",
-        "draining",
-        "events",
-        "last_id",
-        "outcome",
-        "sent",
-        "size",
-    )
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.events = 0
-        self.closed = False
-        self.disconnected = False
-        self.draining = False
-        self.last_id: str | None = None  # the newest event put since the last take
-        self.outcome = "end"  # what ended the response (for the request log line)
-        self.sent = 0  # data events written
-        self._ready: asyncio.Future[None] | None = None  # the writer waits on it
-        self._space: asyncio.Future[None] | None = None  # the reader waits on it
-
-    def put(self, frame: bytes, events: int) -> None:
-        if self.closed:
-            return  # the response already has its last frame
-        self.chunks.append(frame)
-        self.size += len(frame)
-        self.events += events
-        _wake(self._ready)
-
-    def close(self) -> None:
-        self.closed = True
-        _wake(self._ready)
-
-    def take(self) -> tuple[bytes, int, str | None]:
-        chunks, events, last_id = self.chunks, self.events, self.last_id
-        self.chunks, self.size, self.events, self.last_id = [], 0, 0, None
-        _wake(self._space)
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), events, last_id
-
-    async def wait_ready(self) -> None:
-        while not self.chunks and not self.closed:
-            self._ready = asyncio.get_running_loop().create_future()
-            try:
-                await self._ready
-            finally:
-                self._ready = None
-
-    async def wait_space(self) -> None:
-        while self.size >= COALESCE_BYTES and not self.closed:
-            self._space = asyncio.get_running_loop().create_future()
-            try:
-                await self._space
-            finally:
-                self._space = None
-
-
-class _ReaderEnds:
-    """How the reader task ends a response: drained (server shutdown) or done.
-
-    Methods of a slotted object rather than closures (every open response holds them).
-    """
-
-    __slots__ = ("frames", "metrics", "reader")
-
-    def __init__(self, frames: _Frames, reader: asyncio.Task[None], metrics: Metrics | None):
-        self.frames = frames
-        self.reader = reader
-        self.metrics = metrics
-
-    def drain(self) -> None:
-        """Server shutdown: end the response now with what was read, then stop reading.
-
-        The response ends here rather than when the reader task notices its
-        cancellation, so a drain never depends on how the bridge handles it.
-        """
-        if self.reader.done():
-            return
-        frames = self.frames
-        frames.draining = True
-        if not frames.disconnected and not frames.closed:
-            frames.put(SHUTDOWN_FRAME, 0)
-            frames.outcome = "drain"
-            if self.metrics is not None:
-                self.metrics.drained.inc()
-            frames.close()
-        self.reader.cancel()
-
-    def reader_done(self, _task: asyncio.Task[None]) -> None:
-        self.frames.close()  # the last frame put ends the response
-
-
-def _wake(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
-
-
-class _Writer:
-    """Sends body chunks under the send timeout, watched by the loop's `_SendWatch`."""
-
-    __slots__ = ("_task", "_watch", "stopped", "timeout")
+    __slots__ = ("_task", "_watch", "draining", "outcome", "sent", "state", "stopped", "timeout")
 
     def __init__(self, timeout: float, task: asyncio.Task[Any] | None) -> None:
         self.timeout = timeout
         self.stopped: str | None = None
+        self.draining = False
+        self.state = _BUSY
+        self.outcome = "end"  # what ended the response (for the request log line)
+        self.sent = 0  # data events written
         self._task = task
         self._watch = _SendWatch.of(asyncio.get_running_loop())
 
@@ -451,14 +366,22 @@ class _Writer:
         finally:
             self._watch.end(self)
 
-    def stop(self, reason: str) -> None:
-        """Cancel the writing task if a send is in flight (timeout or disconnect)."""
-        if self.stopped is None and self._watch.sending(self) and self._task is not None:
-            self.stopped = reason
-            self._task.cancel()
+    def drain(self) -> None:
+        """Server shutdown: end the response after the write in flight, or at once."""
+        self.draining = True
+        if self.state == _READING:
+            self.stop("drain")
 
-    def close(self) -> None:
-        self._watch.end(self)
+    def stop(self, reason: str) -> None:
+        """Interrupt the task (disconnect, drain, send timeout) if `reason` applies now."""
+        if self.stopped is not None or self._task is None or self.state == _CLOSING:
+            return
+        if reason == "send timeout" and not self._watch.sending(self):
+            return
+        if reason == "drain" and self.state != _READING:
+            return
+        self.stopped = reason
+        self._task.cancel()
 
 
 class _SendWatch:
@@ -475,7 +398,7 @@ class _SendWatch:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._inflight: dict[_Writer, float] = {}
+        self._inflight: dict[_Stream, float] = {}
         self._handle: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -485,15 +408,15 @@ class _SendWatch:
             watch = cls._by_loop[loop] = cls(loop)
         return watch
 
-    def begin(self, writer: _Writer) -> None:
+    def begin(self, writer: _Stream) -> None:
         self._inflight[writer] = self._loop.time()
         if self._handle is None:
             self._handle = self._loop.call_later(min(1.0, writer.timeout / 4), self._tick)
 
-    def end(self, writer: _Writer) -> None:
+    def end(self, writer: _Stream) -> None:
         self._inflight.pop(writer, None)
 
-    def sending(self, writer: _Writer) -> bool:
+    def sending(self, writer: _Stream) -> bool:
         return writer in self._inflight
 
     def _tick(self) -> None:
@@ -507,7 +430,7 @@ class _SendWatch:
             self._handle = self._loop.call_later(tick, self._tick)
 
 
-async def _aclose(items: AsyncIterator[StreamItem]) -> None:
+async def _aclose(items: AsyncIterator[Sequence[StreamItem]]) -> None:
     """Close the bridge iterator, shielded: its cleanup runs even when we are cancelled."""
     aclose = getattr(items, "aclose", None)
     if aclose is not None:

@@ -84,7 +84,9 @@ def sse_response(
         frame = end_frame(End(info.status, info.error))  # type: ignore[arg-type]
         return SSEResponse(subscribe=None, final_frame=frame, **common)
     bridge = state.bridge
-    return SSEResponse(subscribe=functools.partial(bridge.subscribe, info.run_id, cursor), **common)
+    return SSEResponse(
+        subscribe=functools.partial(bridge.subscribe_batches, info.run_id, cursor), **common
+    )
 
 
 def _resume_start(cursor: str | None) -> ResumeStart:
