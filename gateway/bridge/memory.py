@@ -55,14 +55,17 @@ _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the
 WAKE_INTERVAL = 0.0005
 # A wake-up is never put off by more than this for the producer's sake (bounds latency).
 MAX_WAKE_DEFERRAL = 0.5
+# Heartbeat deadlines are kept to this resolution (seconds): a heartbeat may come this
+# much later than the interval, and one timer serves every reader due in the same slot.
+DEADLINE_RESOLUTION = 0.025
 
 
 class _Signal:
     """A one-shot wake-up (what `asyncio.Event` is used for here), waited with a deadline.
 
     Lighter per waiting reader than `Event.wait()` under `asyncio.timeout_at`: one future
-    and one timer handle, no per-event deque, no timeout context (an idle subscription
-    is what a process holds thousands of).
+    and a place in a shared deadline bucket, no timer of its own, no timeout context (an
+    idle subscription is what a process holds thousands of).
     """
 
     __slots__ = ("_waiters", "fired")
@@ -78,23 +81,53 @@ class _Signal:
             if not waiter.done():
                 waiter.set_result(True)
 
-    async def wait_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> bool:
+    async def wait_until(self, deadlines: _Deadlines, deadline: float) -> bool:
         """True once fired, False when `deadline` (loop time) passes first."""
         if self.fired:
             return True
-        waiter: asyncio.Future[bool] = loop.create_future()
+        waiter: asyncio.Future[bool] = deadlines.loop.create_future()
         self._waiters.add(waiter)
-        timer = loop.call_at(deadline, _expire, waiter)
+        bucket = deadlines.add(deadline, waiter)
         try:
             return await waiter
         finally:
-            timer.cancel()
+            bucket.discard(waiter)
             self._waiters.discard(waiter)
 
 
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
+class _Deadlines:
+    """Waiters' deadlines rounded up to `DEADLINE_RESOLUTION`: one loop timer per bucket.
+
+    Readers woken together by a publish go back to wait together, so their heartbeat
+    deadlines fall in the same bucket; a timer per wait (created and cancelled for every
+    event a reader takes) was a tenth of the cost of delivering one.
+    """
+
+    __slots__ = ("_buckets", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._buckets: dict[int, tuple[set[asyncio.Future[bool]], asyncio.TimerHandle]] = {}
+
+    def add(self, deadline: float, waiter: asyncio.Future[bool]) -> set[asyncio.Future[bool]]:
+        slot = math.ceil(deadline / DEADLINE_RESOLUTION)
+        entry = self._buckets.get(slot)
+        if entry is None:
+            timer = self.loop.call_at(slot * DEADLINE_RESOLUTION, self._expire, slot)
+            entry = self._buckets[slot] = (set(), timer)
+        entry[0].add(waiter)
+        return entry[0]
+
+    def _expire(self, slot: int) -> None:
+        waiters, _timer = self._buckets.pop(slot)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(False)
+
+    def cancel(self) -> None:
+        for _waiters, timer in self._buckets.values():
+            timer.cancel()
+        self._buckets.clear()
 
 
 @dataclass(eq=False)
@@ -110,8 +143,14 @@ class _Generation:
     retired: bool = False
     changed: _Signal = field(default_factory=lambda: _Signal())
     wake_scheduled: bool = False
-    last_wake: float = float("-inf")  # loop time of the last wake-up
-    readers_parked: float = float("-inf")  # loop time a caught-up reader last went to wait
+    # Wake-up pacing, in `time.perf_counter()` seconds (the loop's clock may only advance
+    # once per loop iteration: uvloop's does, in whole milliseconds).
+    last_wake: float = float("-inf")  # the last wake-up
+    readers_parked: float = float("-inf")  # a caught-up reader last went to wait
+    # The two latest appends: their spacing tells a producer that outpaces its readers'
+    # wake-ups from one that publishes now and then.
+    appended: float = float("-inf")
+    appended_before: float = float("-inf")
 
     @property
     def total(self) -> int:
@@ -178,6 +217,7 @@ class MemoryStreamBridge:
         self._runs: dict[str, _Run] = {}
         self._pending: dict[str, _Pending] = {}
         self._timers: set[asyncio.TimerHandle] = set()
+        self._deadlines: _Deadlines | None = None  # made on the loop of the first reader
         self._closed = False
 
     # ------------------------------------------------------------------ producers
@@ -409,12 +449,17 @@ class MemoryStreamBridge:
                         yield [gen.end]
                         return
                     waiter = gen.changed
-                    gen.readers_parked = loop.time()
-                if not await waiter.wait_until(loop, deadline):
+                    gen.readers_parked = time.perf_counter()
+                if not await waiter.wait_until(self._deadlines_of(loop), deadline):
                     yield [HEARTBEAT]
                     deadline = loop.time() + interval
         finally:
             self._release(run_id, pending)
+
+    def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
+        if self._deadlines is None:
+            self._deadlines = _Deadlines(loop)
+        return self._deadlines
 
     def _release(self, run_id: str, pending: _Pending | None) -> None:
         if pending is not None:
@@ -503,6 +548,8 @@ class MemoryStreamBridge:
         self._runs.clear()
         for pending in self._pending.values():
             pending.created.fire()
+        if self._deadlines is not None:
+            self._deadlines.cancel()  # every waiter was woken above
 
     # ------------------------------------------------------------------ internals
 
@@ -556,25 +603,39 @@ class MemoryStreamBridge:
         # A publish after a quiet spell wakes readers on the next tick; under a steady
         # stream they are woken at most every WAKE_INTERVAL and take every event since
         # in one batch.
+        now = time.perf_counter()
+        gen.appended_before, gen.appended = gen.appended, now
         if gen.wake_scheduled:
             return
         gen.wake_scheduled = True
-        loop = asyncio.get_running_loop()
-        loop.call_at(max(loop.time(), gen.last_wake + WAKE_INTERVAL), self._wake_due, gen)
+        self._wake_at(gen, gen.last_wake + WAKE_INTERVAL, now)
 
     def _wake_due(self, gen: _Generation) -> None:
-        # When the readers took long to catch up after the last wake-up (there are many
-        # of them), wait twice as long before the next: the producer keeps about two
-        # thirds of the loop and is never stalled by its readers, who read bigger batches
-        # (PROTOCOL 4: a slow reader falls behind within retention, never stalls writes).
-        loop = asyncio.get_running_loop()
+        # A producer that appends again sooner than its readers took to catch up after
+        # the last wake-up (there are many of them, or their writes are slow) would share
+        # the loop with them on every tick and crawl. Then the next wake-up waits until
+        # twice that busy time has passed: the producer keeps about two thirds of the
+        # loop and readers take bigger batches (PROTOCOL 4: a slow reader falls behind
+        # within retention, never stalls writes). A producer that appends now and then
+        # is never delayed, so its events reach readers on the next tick.
+        now = time.perf_counter()
         busy = gen.readers_parked - gen.last_wake  # nan or inf until both have happened
-        if 0 < busy < MAX_WAKE_DEFERRAL and gen.readers_parked + 2 * busy > loop.time():
-            loop.call_at(gen.readers_parked + 2 * busy, self._wake_due, gen)
+        resume = gen.readers_parked + 2 * busy
+        contended = gen.appended - gen.appended_before < busy
+        if 0 < busy < MAX_WAKE_DEFERRAL and contended and resume > now:
+            self._wake_at(gen, resume, now)
             return
         gen.wake_scheduled = False
-        gen.last_wake = loop.time()
+        gen.last_wake = now
         self._wake(gen)
+
+    def _wake_at(self, gen: _Generation, when: float, now: float) -> None:
+        """Run `_wake_due` at perf-counter time `when` (next tick if that has passed)."""
+        loop = asyncio.get_running_loop()
+        if when <= now:
+            loop.call_soon(self._wake_due, gen)
+        else:
+            loop.call_later(when - now, self._wake_due, gen)
 
     @staticmethod
     def _wake(gen: _Generation) -> None:
