@@ -260,6 +260,36 @@ async def test_burst_reaches_many_parked_readers() -> None:
         assert (first.id, *ids(await drain(it))) == sent
 
 
+async def test_readers_that_lag_a_fast_producer_are_woken_in_batches_not_per_event() -> None:
+    """A producer yielding after every publish shares the loop with 300 readers. If they
+    were woken for every event they would take the loop after each publish and the
+    producer would crawl; they are woken less often and take everything since at once."""
+    bridge = make(max_events_per_run=10_000)
+    token = (await bridge.claim("r")).token
+    readers, events = 300, 2_000
+    wakeups = [0] * readers
+    received: list[list[str]] = [[] for _ in range(readers)]
+
+    async def reader(i: int) -> None:
+        async for batch in bridge.subscribe_batches("r"):
+            wakeups[i] += 1
+            received[i] += ids(list(batch))
+            if isinstance(batch[-1], End):
+                return
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for i in range(readers):
+                tg.start_soon(reader, i)
+            sent: list[str] = []
+            for i in range(events):
+                sent += (await bridge.publish("r", "e", i, producer_token=token)).ids
+                await asyncio.sleep(0)  # a streaming producer yields after each event
+            await bridge.publish_end("r", "success", producer_token=token)
+    assert all(got == sent for got in received)
+    assert max(wakeups) <= events // 4, sorted(wakeups)[-5:]
+
+
 # ---------------------------------------------------------------- heartbeats
 
 
