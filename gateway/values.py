@@ -5,7 +5,7 @@ This is a leaf module: it imports nothing from the package, and everything may i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 import orjson
@@ -29,11 +29,18 @@ def encode_json(value: Any) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One event of a run log. `data` is the compact JSON encoded once at publish."""
+    """One event of a run log. `data` is the compact JSON encoded once at publish.
+
+    `wire` is free for the one consumer that writes events to clients to keep its
+    encoding of this event in (set once with `object.__setattr__`), so an event fanned
+    out to many subscribers is framed once, not once per subscriber. It takes no part
+    in equality.
+    """
 
     id: str
     event: str
     data: bytes
+    wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     def value(self) -> Any:
         """The decoded JSON payload (a fresh object on every call)."""

@@ -90,7 +90,10 @@ def _entry_item(entry_id: str, fields: list[bytes]) -> StreamEvent | End:
         if len(fields) >= 4 and fields[2] == FIELD_ERROR:
             error = orjson.loads(fields[3])
         return End(status=_text(fields[1]), error=error, id=entry_id)  # type: ignore[arg-type]
-    pairs = dict(zip(fields[::2], fields[1::2], strict=False))
+    if len(fields) == 4 and fields[0] == FIELD_EVENT and fields[2] == FIELD_DATA:
+        # The layout lua/publish.lua writes: no dict per entry on the replay hot path.
+        return StreamEvent(id=entry_id, event=fields[1].decode(), data=fields[3])
+    pairs = dict(zip(fields[::2], fields[1::2], strict=False))  # another writer's order
     return StreamEvent(id=entry_id, event=_text(pairs[FIELD_EVENT]), data=pairs[FIELD_DATA])
 
 

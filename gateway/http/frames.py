@@ -29,6 +29,15 @@ def retry_frame(rng: random.Random | None = None) -> bytes:
 
 
 def event_frame(item: StreamEvent) -> bytes:
+    """The event's frame, built on first use and kept on the (shared) event."""
+    frame = item.wire
+    if frame is None:
+        frame = _event_frame(item)
+        object.__setattr__(item, "wire", frame)  # frozen value: a cache, set once
+    return frame
+
+
+def _event_frame(item: StreamEvent) -> bytes:
     data = item.data
     if b"\n" in data or b"\r" in data:  # never from orjson; keep the frame intact anyway
         data = b"\ndata: ".join(data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"))
