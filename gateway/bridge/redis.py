@@ -9,6 +9,7 @@ END detection and the append cannot interleave with another writer. Readers use
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import time
@@ -421,6 +422,12 @@ class RedisStreamBridge:
             error=end_entry.error if isinstance(end_entry, End) else None,
         )
 
+    async def _read_entries(self, keys: RunKeys, after: str) -> list[Any]:
+        """`_read`, with the entries turned into what readers see (shared, read-only)."""
+        exists, trimmed, entries, tail, status = await self._read(keys, after)
+        items = [_entry_item(_text(i), fields) for i, fields in entries]
+        return [exists, trimmed, items, tail, status]
+
     async def _read(self, keys: RunKeys, after: str) -> list[Any]:
         script = self._scripts["read"]
         reply: list[Any] = await self._call(
@@ -493,7 +500,9 @@ class RedisStreamBridge:
                         await feed.refresh(self._read, _entry_item, READ_BATCH)
                     window = feed.after(_position_key(position)) if caught_up else None
                     if window is None:
-                        direct = await self._read(keys, position)
+                        direct = await feed.read_shared(
+                            position, functools.partial(self._read_entries, keys, position)
+                        )
                 except (BridgeClosed, BackendUnavailable):
                     if self._closed:
                         continue
@@ -526,7 +535,7 @@ class RedisStreamBridge:
                         # The cursor is at or past the END entry: the run is over.
                         yield [_entry_item(_text(tail[0]), tail[1])]
                         return
-                    window = [_entry_item(_text(i), fields) for i, fields in entries]
+                    window = entries
                     caught_up = not window
                 if window:
                     end = _first_end(window)  # a legacy log may hold entries after an END

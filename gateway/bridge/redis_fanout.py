@@ -11,7 +11,9 @@ and shared by every local subscriber of that run.
 - A subscriber whose position is older than the window (replaying, or lagging behind a
   fast producer) reads Redis directly from its own cursor, with exact gap detection,
   until it reaches the window. A slow client therefore never holds up the feed or the
-  other subscribers.
+  other subscribers. Subscribers asking for the same position at once (clients of a
+  run reconnecting together after a deploy or a network blip) share that read and its
+  decoded entries (`RunFeed.read_shared`).
 
 Redis connections held by a process: the bounded command pool plus one pub/sub
 connection, whatever the number of subscribers or runs. Lost notifications (a pub/sub
@@ -26,7 +28,7 @@ import time
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 Entry = StreamEvent | End
 ReadLog = Callable[[RunKeys, str], Awaitable[list[Any]]]
 ToEntry = Callable[[str, list[bytes]], Entry]
+T = TypeVar("T")
+SHARED_READS = 8  # direct-read results a feed keeps (by position) until its next change
 
 
 class RunFeed:
@@ -63,6 +67,9 @@ class RunFeed:
         self._seen = False
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        # Direct reads by start position, in flight or done since the last change; a
+        # result of None means "read it yourself".
+        self._reads: dict[str, asyncio.Future[Any]] = {}
 
     # -- what subscribers see ----------------------------------------------------
 
@@ -90,9 +97,37 @@ class RunFeed:
 
     def mark_stale(self) -> None:
         self.stale = True
+        self._reads.clear()  # later readers read afresh
         self.wake()
 
     # -- reading Redis ----------------------------------------------------------
+
+    async def read_shared(self, position: str, read: Callable[[], Awaitable[T]]) -> T:
+        """`read()` from `position`, or the result of the same read made since the last
+        change notification (in flight or done).
+
+        Taking a result read a moment before we asked is safe: the subscriber goes on
+        reading from where that result ends, and any change since has cleared these
+        results and marked the feed stale. If the read fails or its reader is
+        cancelled, those who joined it read for themselves.
+        """
+        earlier = self._reads.get(position)
+        if earlier is not None:
+            shared: T | None = await asyncio.shield(earlier)
+            if shared is not None:
+                return shared
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._reads[position] = future
+        while len(self._reads) > SHARED_READS:
+            del self._reads[next(iter(self._reads))]  # the oldest position
+        result: T | None = None
+        try:
+            result = await read()
+            return result
+        finally:
+            future.set_result(result)
+            if result is None and self._reads.get(position) is future:
+                del self._reads[position]
 
     async def refresh(self, read: ReadLog, to_entry: ToEntry, batch: int) -> None:
         """Pull everything new since `head` into the window (one reader at a time)."""
