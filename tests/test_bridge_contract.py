@@ -1221,6 +1221,42 @@ def _raw_keys(prefix: str, run_id: str) -> tuple[str, str]:
     return keys.meta, keys.log
 
 
+async def _evalsha_calls(raw: Any) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_redis_subscribers_at_one_cursor_share_their_reads(
+    bridge: StreamBridge, redis_only: None, request: pytest.FixtureRequest
+) -> None:
+    """Clients reconnecting together with the same cursor (a deploy, a network blip)
+    read the log once between them, and each still gets exactly its events."""
+    readers = 50
+    with anyio.fail_after(TIMEOUT):
+        run_id, claim, _ = await new_run(bridge)
+        ids = await bulk(bridge, run_id, claim, 300)
+        await bridge.publish_end(run_id, "success", producer_token=claim.token)
+        raw = await _raw_redis(request)
+        try:
+            before = await _evalsha_calls(raw)
+            results: list[list[StreamItem]] = []
+
+            async def reader() -> None:
+                results.append(await read_all(bridge, run_id, ids[99]))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(readers):
+                    tg.start_soon(reader)
+            reads = await _evalsha_calls(raw) - before  # read.lua is the only script here
+        finally:
+            await raw.aclose()
+    assert len(results) == readers
+    for items in results:
+        assert event_ids(items) == ids[100:]
+        assert only_end(items).status == "success"
+    assert reads < readers // 2, reads  # one read per reader without sharing
+
+
 @pytest.mark.parametrize("scan", [True, False], ids=["scan-on", "scan-off"])
 async def test_redis_legacy_end_scan(
     make_bridge: BridgeFactory,
