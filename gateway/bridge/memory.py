@@ -11,8 +11,10 @@ dead), parallel parsed keys for `bisect` on reconnect, and absolute positions
 (`base + index`) so that a reader's step is O(1) and survives compaction.
 
 Fan-out. Readers wait on the generation's `_Signal`; a publish only schedules one
-wake-up per loop tick (replace-and-set), so a publish costs the same for 1 or 10,000
-subscribers and a burst of publishes coalesces into one wake-up.
+wake-up (replace-and-set), so a publish costs the same for 1 or 10,000 subscribers and a
+burst of publishes coalesces into one wake-up, after which each reader takes everything
+new as one slice of the log (`subscribe_batches`). Wake-ups are paced (`_wake_due`) so
+that readers who cannot keep up never take the loop away from their producer.
 """
 
 from __future__ import annotations
