@@ -46,6 +46,17 @@ class Settings(BaseSettings):
             "GATEWAY_HEARTBEAT_INTERVAL_SECONDS",
         ),
     )
+    # A client whose socket takes no bytes for this long is dropped (it reconnects with
+    # its cursor); until then it only falls behind, never holding up anybody else.
+    sse_send_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        validation_alias=_env(
+            "sse_send_timeout_seconds",
+            "GATEWAY_SSE_SEND_TIMEOUT",
+            "GATEWAY_SSE_SEND_TIMEOUT_SECONDS",
+        ),
+    )
     lease_seconds: float = Field(30.0, gt=0)
     max_lease_seconds: float = Field(3_600.0, gt=0)
     legacy_end_scan_enabled: bool = Field(
@@ -75,7 +86,11 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "stream_ttl_seconds", "ended_ttl_seconds", "heartbeat_interval_seconds", "lease_seconds"
+        "stream_ttl_seconds",
+        "ended_ttl_seconds",
+        "heartbeat_interval_seconds",
+        "lease_seconds",
+        "sse_send_timeout_seconds",
     )
     @classmethod
     def _finite(cls, value: float) -> float:

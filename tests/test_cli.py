@@ -174,6 +174,7 @@ def assert_config_error(result: subprocess.CompletedProcess[str], needle: str) -
         (["--log-format", "xml"], {}, "--log-format"),
         (["--no-such-flag"], {}, "no-such-flag"),
         ([], {"GATEWAY_HEARTBEAT_INTERVAL": "nan"}, "heartbeat_interval"),
+        ([], {"GATEWAY_SSE_SEND_TIMEOUT": "inf"}, "sse_send_timeout"),
         ([], {"GATEWAY_PORT": "abc"}, "port"),
         ([], {"GATEWAY_LOG_FORMAT": "yaml"}, "log_format"),
         ([], {"GATEWAY_LEGACY_END_SCAN": "maybe"}, "legacy_end_scan"),

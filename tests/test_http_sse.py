@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -275,6 +277,77 @@ async def test_disconnect_frees_subscription_and_producer_continues(
     gateway_server.wait_open_sse(0, timeout=2)
     ids = await producer.publish(("token", 1), ("token", 2))
     assert len(ids) == 2
+    run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
+    assert run["status"] == "running" and run["cancel_requested"] is False
+
+
+# A client that stops reading: far more bytes than the kernel buffers between the server
+# and a receiver with a 4 KiB receive buffer (the server's send buffer tops out at 4 MiB).
+BIG = "x" * 16_000
+BATCHES, PER_BATCH = 24, 32  # ~12 MB
+
+
+def _stuck_client(server: RunningServer, run_id: str) -> socket.socket:
+    """A raw connection that asks for the stream and never reads a byte."""
+    url = urlsplit(server.base_url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((url.hostname, url.port))
+    sock.sendall(f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    return sock
+
+
+async def _publish_big(producer: ProducerClient) -> list[str]:
+    ids: list[str] = []
+    for _ in range(BATCHES):
+        ids += await producer.publish(*[("token", {"p": BIG})] * PER_BATCH)
+    return ids
+
+
+@pytest.mark.gateway_settings(sse_send_timeout_seconds=120)
+async def test_a_client_that_stops_reading_stalls_neither_producer_nor_other_readers(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client)
+    stuck = _stuck_client(gateway_server, producer.run_id)
+    try:
+        gateway_server.wait_open_sse(1)
+        result: list[Any] = []
+
+        async def follow() -> None:
+            result.append(await read_stream(client, f"/v1/runs/{producer.run_id}/stream"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            ids = await _publish_big(producer)  # every write accepted, none held back
+            await producer.end()
+        frames = result[0].frames
+        assert [f.id for f in frames if f.id is not None] == ids
+        assert frames[-1].event == "end"
+        assert gateway_server.open_sse() == 1  # the stuck client is still there, behind
+    finally:
+        stuck.close()
+    gateway_server.wait_open_sse(0)
+
+
+@pytest.mark.gateway_settings(sse_send_timeout_seconds=0.5)
+async def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client)
+    stuck = _stuck_client(gateway_server, producer.run_id)
+    try:
+        gateway_server.wait_open_sse(1)
+        await _publish_big(producer)
+        gateway_server.wait_open_sse(0, timeout=20)  # dropped: the client never left
+        stuck.settimeout(20)
+        received = b""
+        while chunk := stuck.recv(1 << 20):  # what the kernel buffered, then EOF
+            received += chunk
+    finally:
+        stuck.close()
+    assert received.startswith(b"HTTP/1.1 200")
+    assert b"event: end" not in received  # cut off mid-stream, not ended
     run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
     assert run["status"] == "running" and run["cancel_requested"] is False
 

@@ -77,6 +77,7 @@ def sse_response(
         "registry": state.subscriptions,
         "extra_headers": extra_headers,
         "metrics": state.metrics,
+        "send_timeout": state.settings.sse_send_timeout_seconds,
     }
     cursor = cursor_of(request)
     common["resume"] = _resume_start(cursor)
