@@ -177,18 +177,24 @@ class SSEResponse(Response):
         remove_drain = self._registry.on_drain(stream.drain)
         batches = subscribe()
         try:
-            try:
-                await self._pump(batches, send, stream)
-            except asyncio.CancelledError:
-                if stream.stopped is None:
-                    raise
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()
-                if stream.stopped == "drain":
-                    await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
-            except OSError:  # the client went away mid-write (servers other than uvicorn)
-                stream.outcome = "disconnect"
+            await self._write(send, stream, retry_frame(), 0, None, more=True)
+            while True:
+                try:
+                    await self._pump(batches, send, stream)
+                    return
+                except asyncio.CancelledError:
+                    if not stream.interrupted():
+                        raise  # not ours: the server is cancelling this request
+                    if stream.stopped != "drain":
+                        return
+                    # `_pump` sees `draining` first and ends with the shutdown frame, a
+                    # write that may still time out or meet a disconnect.
+                    stream.stopped = None
+        except asyncio.CancelledError:
+            if not stream.interrupted():  # (while the retry hint was being written)
+                raise
+        except OSError:  # the client went away mid-write (servers other than uvicorn)
+            stream.outcome = "disconnect"
         finally:
             stream.state = _CLOSING  # nothing interrupts the cleanup
             remove_drain()
@@ -197,11 +203,11 @@ class SSEResponse(Response):
             # the response returns.
             await _aclose(batches)
             await asyncio.wait([watcher])
-        if stream.stopped == "send timeout":
-            stream.outcome = "send_timeout"
-            log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
-        elif stream.stopped == "disconnect":
-            stream.outcome = "disconnect"
+            if stream.stopped == "send timeout":
+                stream.outcome = "send_timeout"
+                log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
+            elif stream.stopped == "disconnect":
+                stream.outcome = "disconnect"
 
     async def _watch_disconnect(self, receive: Receive, stream: _Stream) -> None:
         while True:
@@ -215,7 +221,6 @@ class SSEResponse(Response):
     ) -> None:
         """Read a batch, write it; until a terminal item, a drain or a backend failure."""
         first = self._resume == "cursor"
-        await self._write(send, stream, retry_frame(), 0, None, more=True)
         while True:
             if stream.draining:
                 await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
@@ -246,16 +251,15 @@ class SSEResponse(Response):
                     last_id = item.id
                 elif isinstance(item, Heartbeat):
                     frame = HEARTBEAT_FRAME
-                elif isinstance(item, End):
-                    chunks.append(end_frame(item))
+                else:  # End or StreamGap: the last item, and the response's last write
+                    if isinstance(item, End):
+                        chunks.append(end_frame(item))
+                        stream.outcome = "end"
+                    else:
+                        chunks.append(gap_frame(self.run_id, item))
+                        self._gap_served(item)
+                        stream.outcome = "gap"
                     await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
-                    stream.outcome = "end"
-                    return
-                else:
-                    chunks.append(gap_frame(self.run_id, item))
-                    self._gap_served(item)
-                    await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
-                    stream.outcome = "gap"
                     return
                 chunks.append(frame)
                 size += len(frame)
@@ -371,6 +375,13 @@ class _Stream:
         self.draining = True
         if self.state == _READING:
             self.stop("drain")
+
+    def interrupted(self) -> bool:
+        """Whether the cancellation being handled is our own `stop`; if so, withdraw it."""
+        if self.stopped is None or self._task is None:
+            return False
+        self._task.uncancel()
+        return True
 
     def stop(self, reason: str) -> None:
         """Interrupt the task (disconnect, drain, send timeout) if `reason` applies now."""
