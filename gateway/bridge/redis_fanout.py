@@ -46,6 +46,9 @@ ReadLog = Callable[[RunKeys, str], Awaitable[list[Any]]]
 ToEntry = Callable[[str, list[bytes]], Entry]
 T = TypeVar("T")
 SHARED_READS = 8  # direct-read results a feed keeps (by position) until its next change
+# ... and for no longer than this (seconds): a log can also vanish without a notification
+# (its TTL expired), and a storm of reconnects is over well within it.
+SHARED_READ_SECONDS = 1.0
 
 
 class RunFeed:
@@ -67,9 +70,9 @@ class RunFeed:
         self._seen = False
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
-        # Direct reads by start position, in flight or done since the last change; a
-        # result of None means "read it yourself".
-        self._reads: dict[str, asyncio.Future[Any]] = {}
+        # Direct reads by start position (with the time each began), in flight or done
+        # since the last change; a result of None means "read it yourself".
+        self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
 
     # -- what subscribers see ----------------------------------------------------
 
@@ -103,21 +106,23 @@ class RunFeed:
     # -- reading Redis ----------------------------------------------------------
 
     async def read_shared(self, position: str, read: Callable[[], Awaitable[T]]) -> T:
-        """`read()` from `position`, or the result of the same read made since the last
-        change notification (in flight or done).
+        """`read()` from `position`, or the result of the same read begun less than
+        `SHARED_READ_SECONDS` ago and since the last change notification.
 
         Taking a result read a moment before we asked is safe: the subscriber goes on
         reading from where that result ends, and any change since has cleared these
         results and marked the feed stale. If the read fails or its reader is
         cancelled, those who joined it read for themselves.
         """
+        now = time.monotonic()
         earlier = self._reads.get(position)
-        if earlier is not None:
-            shared: T | None = await asyncio.shield(earlier)
+        if earlier is not None and now - earlier[1] < SHARED_READ_SECONDS:
+            shared: T | None = await asyncio.shield(earlier[0])
             if shared is not None:
                 return shared
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._reads[position] = future
+        self._reads.pop(position, None)  # re-inserted last: the newest
+        self._reads[position] = (future, now)
         while len(self._reads) > SHARED_READS:
             del self._reads[next(iter(self._reads))]  # the oldest position
         result: T | None = None
@@ -126,7 +131,8 @@ class RunFeed:
             return result
         finally:
             future.set_result(result)
-            if result is None and self._reads.get(position) is future:
+            mine = self._reads.get(position)
+            if result is None and mine is not None and mine[0] is future:
                 del self._reads[position]
 
     async def refresh(self, read: ReadLog, to_entry: ToEntry, batch: int) -> None:
