@@ -1295,6 +1295,31 @@ async def test_redis_legacy_end_scan(
             assert only_end(items).status == "success"
 
 
+async def test_redis_live_reader_stops_at_a_legacy_end_followed_by_entries(
+    bridge: StreamBridge, redis_only: None, request: pytest.FixtureRequest, key_prefix: str
+) -> None:
+    """A reader following the shared window acts on the first END, never on what an
+    unfenced legacy writer appended after it."""
+    with anyio.fail_after(TIMEOUT):
+        run_id, _claim, ids = await new_run(bridge, 2)
+        _meta, log = _raw_keys(key_prefix, run_id)
+        raw = await _raw_redis(request)
+        try:
+            async with subscription(bridge, run_id, heartbeat_interval=0.2) as it:
+                assert event_ids([await next_item(it) for _ in ids]) == ids
+                await wait_heartbeat(it)  # at the tail: reading the shared window
+                async with raw.pipeline(transaction=True) as pipe:
+                    pipe.xadd(log, {"end": "success"})
+                    for i in range(3):
+                        pipe.xadd(log, {"e": TOK, "d": b'{"legacy":%d}' % i})
+                    pipe.publish(log, "x")  # the change notification the scripts send
+                    await pipe.execute()
+                rest = await drain(it)
+        finally:
+            await raw.aclose()
+    assert not events(rest) and only_end(rest).status == "success"
+
+
 async def test_redis_script_flush_then_writes_still_work(
     bridge: StreamBridge, redis_only: None, request: pytest.FixtureRequest
 ) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -287,14 +289,20 @@ BIG = "x" * 16_000
 BATCHES, PER_BATCH = 24, 32  # ~12 MB
 
 
-def _stuck_client(server: RunningServer, run_id: str) -> socket.socket:
-    """A raw connection that asks for the stream and never reads a byte."""
+@contextlib.contextmanager
+def _stuck_client(server: RunningServer, run_id: str) -> Iterator[socket.socket]:
+    """A raw connection that asks for the stream and never reads a byte (once the server
+    holds its response open)."""
     url = urlsplit(server.base_url)
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((url.hostname, url.port))
-    sock.sendall(f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: t\r\n\r\n".encode())
-    return sock
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((url.hostname, url.port))
+        sock.sendall(f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        server.wait_open_sse(1)
+        yield sock
+    finally:
+        sock.close()
 
 
 async def _publish_big(producer: ProducerClient) -> list[str]:
@@ -309,9 +317,7 @@ async def test_a_client_that_stops_reading_stalls_neither_producer_nor_other_rea
     client: httpx.AsyncClient, gateway_server: RunningServer
 ) -> None:
     producer = await ProducerClient.claim(client)
-    stuck = _stuck_client(gateway_server, producer.run_id)
-    try:
-        gateway_server.wait_open_sse(1)
+    with _stuck_client(gateway_server, producer.run_id):
         result: list[Any] = []
 
         async def follow() -> None:
@@ -325,8 +331,6 @@ async def test_a_client_that_stops_reading_stalls_neither_producer_nor_other_rea
         assert [f.id for f in frames if f.id is not None] == ids
         assert frames[-1].event == "end"
         assert gateway_server.open_sse() == 1  # the stuck client is still there, behind
-    finally:
-        stuck.close()
     gateway_server.wait_open_sse(0)
 
 
@@ -335,17 +339,13 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(
     client: httpx.AsyncClient, gateway_server: RunningServer
 ) -> None:
     producer = await ProducerClient.claim(client)
-    stuck = _stuck_client(gateway_server, producer.run_id)
-    try:
-        gateway_server.wait_open_sse(1)
+    with _stuck_client(gateway_server, producer.run_id) as stuck:
         await _publish_big(producer)
         gateway_server.wait_open_sse(0, timeout=20)  # dropped: the client never left
         stuck.settimeout(20)
         received = b""
         while chunk := stuck.recv(1 << 20):  # what the kernel buffered, then EOF
             received += chunk
-    finally:
-        stuck.close()
     assert received.startswith(b"HTTP/1.1 200")
     assert b"event: end" not in received  # cut off mid-stream, not ended
     run = (await client.get(f"/v1/runs/{producer.run_id}")).json()

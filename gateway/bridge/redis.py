@@ -426,7 +426,8 @@ class RedisStreamBridge:
         """`_read`, with the entries turned into what readers see (shared, read-only)."""
         exists, trimmed, entries, tail, status = await self._read(keys, after)
         items = [_entry_item(_text(i), fields) for i, fields in entries]
-        return [exists, trimmed, items, tail, status]
+        end = _first_end(items)  # a legacy log may hold entries after an END
+        return [exists, trimmed, items if end is None else items[: end + 1], tail, status]
 
     async def _read(self, keys: RunKeys, after: str) -> list[Any]:
         script = self._scripts["read"]
@@ -538,13 +539,11 @@ class RedisStreamBridge:
                     window = entries
                     caught_up = not window
                 if window:
-                    end = _first_end(window)  # a legacy log may hold entries after an END
-                    if end is not None:
-                        yield window[: end + 1]
-                        return
+                    # Reads and the feed both stop at a log's first END: only last here.
                     yield window
                     last = window[-1]
-                    assert isinstance(last, StreamEvent)  # no END in this window
+                    if isinstance(last, End):
+                        return
                     position = last.id
                     check_gap = True
                     idle_since = time.monotonic()

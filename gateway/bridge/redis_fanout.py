@@ -167,6 +167,9 @@ class RunFeed:
 
     def _append(self, entry: Entry) -> None:
         assert entry.id is not None
+        if self.items and isinstance(self.items[-1], End):
+            self.head = entry.id  # a legacy log's entries after its END: never delivered
+            return
         self.items.append(entry)
         self._keys_window.append(parse_cursor(entry.id))
         self.head = entry.id
