@@ -7,6 +7,9 @@ GatewayError
 ├── ProducerFenced          stale/wrong producer token or expired lease
 ├── RunOwned                claim refused: a live lease is held elsewhere
 ├── StreamEnded             write after END (or claim of an ended run)
+├── SequenceRefused         a numbered batch that cannot be applied as numbered (409)
+│   ├── SequenceGap         it starts past the next expected number
+│   └── SequenceConflict    it overlaps applied events but is not the last applied batch
 ├── SessionActive           clear (retire=false) refused: a turn is still running (409)
 ├── BridgeClosed            the bridge was closed
 ├── BackendUnavailable      Redis unreachable or failing
@@ -22,6 +25,10 @@ class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
 
     code = "gateway_error"
+
+    def details(self) -> dict[str, object]:
+        """Fields an error response carries besides `error` and `detail`."""
+        return {}
 
 
 class InvalidInput(GatewayError, ValueError):
@@ -46,6 +53,27 @@ class RunOwned(GatewayError):
 
 class StreamEnded(GatewayError):
     code = "ended"
+
+
+class SequenceRefused(GatewayError):
+    """A numbered batch refused without being applied; `expected` is the next number."""
+
+    code = "sequence_refused"
+
+    def __init__(self, message: str, expected: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+    def details(self) -> dict[str, object]:
+        return {"expected_seq": self.expected}
+
+
+class SequenceGap(SequenceRefused):
+    code = "sequence_gap"
+
+
+class SequenceConflict(SequenceRefused):
+    code = "sequence_conflict"
 
 
 class SessionActive(GatewayError):

@@ -8,12 +8,15 @@
 -- ARGV[1]  producer token
 -- ARGV[2]  events kept per run (exact MAXLEN)
 -- ARGV[3]  rolling TTL of the run's keys, ms
--- ARGV[4..] event name, JSON payload, event name, JSON payload, ...
+-- ARGV[4]  the batch's producer sequence number, "" when unnumbered (see below)
+-- ARGV[5..] event name, JSON payload, event name, JSON payload, ...
 --
 -- Every publish renews the lease by the length the producer claimed it for, and
 -- PUBLISHes on the channel named like the log key so following gateways wake.
 --
 -- Returns {"ok", cancel_requested (0|1), session_id_or_"", id, id, ...}
+--       | {"duplicate", cancel_requested (0|1), session_id_or_"", "id id ..."}
+--       | {"sequence_gap" | "sequence_conflict", next_expected_seq}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
 local now_parts = redis.call('TIME')
@@ -38,9 +41,36 @@ if tonumber(meta[2] or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 
+-- Numbered appends, the last check before writing. The numbering belongs to one token
+-- (a takeover starts a new one): seq_tok, seq_next (next expected number), seq_first and
+-- seq_ids (the first number and the ids of the last applied batch). A retry of that
+-- batch gets its ids back and writes nothing; a batch past seq_next is a gap; any other
+-- overlap is a conflict.
+local seq = tonumber(ARGV[4])
+local count = (#ARGV - 4) / 2
+if seq then
+  local s = redis.call('HMGET', KEYS[1], 'seq_tok', 'seq_next', 'seq_first', 'seq_ids')
+  local mine = s[1] == ARGV[1]
+  local expected = mine and tonumber(s[2]) or 1
+  if seq > expected then
+    return {'sequence_gap', expected}
+  end
+  if seq < expected then
+    if mine and seq == tonumber(s[3]) and seq + count == expected then
+      return {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or '', s[4]}
+    end
+    return {'sequence_conflict', expected}
+  end
+end
+
 local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   reply[#reply + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
+end
+
+if seq then
+  redis.call('HSET', KEYS[1], 'seq_tok', ARGV[1], 'seq_next', string.format('%d', seq + count),
+    'seq_first', ARGV[4], 'seq_ids', table.concat(reply, ' ', 4))
 end
 
 -- Keep the exact last trimmed id: Redis 7 does not track trimming, and a reader whose

@@ -33,6 +33,7 @@ import orjson
 from ..cursor import EventKey, format_key, try_parse_cursor
 from ..errors import BridgeClosed, InvalidInput, ProducerFenced, RunOwned, StreamEnded
 from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..sequence import Numbering, admit, check_seq
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -179,6 +180,7 @@ class _Run:
     end_id: str | None = None
     last_key: EventKey = (0, -1)  # id clock: survives generations so ids never repeat
     gen: _Generation | None = None
+    numbering: Numbering | None = None  # numbered appends (see gateway.sequence)
     deadline: float = 0.0  # loop time at which the whole run expires
     expiry: asyncio.TimerHandle | None = None
 
@@ -277,13 +279,22 @@ class MemoryStreamBridge:
         return self._append(run_id, ((event, data),), producer_token)
 
     async def publish_many(
-        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, Any]],
+        *,
+        producer_token: str,
+        seq: int | None = None,
     ) -> PublishResult:
-        return self._append(run_id, events, producer_token)
+        return self._append(run_id, events, producer_token, seq)
 
-    def _append(self, run_id: str, events: Sequence[tuple[str, Any]], token: str) -> PublishResult:
+    def _append(
+        self, run_id: str, events: Sequence[tuple[str, Any]], token: str, seq: int | None = None
+    ) -> PublishResult:
         self._check_open()
         check_run_id(run_id)
+        if seq is not None:
+            check_seq(seq, len(events))
         # Validate and encode the whole batch before touching state: a batch is atomic, and
         # the encoded bytes are the detached copy readers get (payload isolation).
         encoded = [(check_event_name(name), _encode(data)) for name, data in events]
@@ -292,6 +303,12 @@ class MemoryStreamBridge:
         # Tail check only (O(1)); the record also remembers an END whose log was removed.
         if run.status != "running" or (gen is not None and gen.end is not None):
             raise StreamEnded(f"run {run_id} has ended")
+        # -- numbered appends: the last check before writing, as in lua/publish.lua
+        if seq is not None:
+            repeat = admit(run.numbering, token, seq, len(encoded))
+            if repeat is not None:  # a retry: its ids, nothing appended, nothing renewed
+                return PublishResult(repeat, run.cancel_requested, run.session_id, True)
+        # --
         ids: list[str] = []
         if encoded:
             gen = gen if gen is not None else self._new_generation(run)
@@ -302,6 +319,8 @@ class MemoryStreamBridge:
                 gen.keys.append(key)
             self._evict(gen)
             self._wake_soon(gen)
+        if seq is not None:
+            run.numbering = Numbering(token, seq + len(ids), seq, tuple(ids))
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now

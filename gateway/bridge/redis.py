@@ -34,9 +34,12 @@ from ..errors import (
     InvalidInput,
     ProducerFenced,
     RunOwned,
+    SequenceConflict,
+    SequenceGap,
     StreamEnded,
 )
 from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..sequence import check_seq
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -307,7 +310,12 @@ class RedisStreamBridge:
         return await self.publish_many(run_id, [(event, data)], producer_token=producer_token)
 
     async def publish_many(
-        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, Any]],
+        *,
+        producer_token: str,
+        seq: int | None = None,
     ) -> PublishResult:
         keys = self._keys(run_id)
         if not events:
@@ -316,12 +324,35 @@ class RedisStreamBridge:
             producer_token,
             self._settings.max_events_per_run,
             self._ttl_ms,
+            "" if seq is None else check_seq(seq, len(events)),
         ]
         for name, data in events:
             args.append(check_event_name(name))
             args.append(encode_json(data))
         reply = await self._script("publish", keys, *args)
         self._raise_refusal(run_id, reply)
+        # -- numbered appends (see gateway.sequence)
+        outcome = _text(reply[0])
+        if outcome == "duplicate":
+            return PublishResult(
+                ids=tuple(_text(reply[3]).split(" ")),
+                cancel_requested=reply[1] == 1,
+                session_id=_text(reply[2]) or None,
+                duplicate=True,
+            )
+        if outcome == "sequence_gap":
+            expected = int(reply[1])
+            raise SequenceGap(
+                f"batch starts at event {seq}; the next expected is {expected}", expected
+            )
+        if outcome == "sequence_conflict":
+            expected = int(reply[1])
+            raise SequenceConflict(
+                f"batch starting at event {seq} overlaps applied events and is not the last "
+                f"applied batch (the next expected is {expected})",
+                expected,
+            )
+        # --
         return PublishResult(
             ids=tuple(_text(entry_id) for entry_id in reply[3:]),
             cancel_requested=reply[1] == 1,

@@ -26,6 +26,7 @@ from ..errors import (
     ProducerFenced,
     RunNotFound,
     RunOwned,
+    SequenceRefused,
     SessionActive,
     StreamEnded,
     Unauthorized,
@@ -53,9 +54,15 @@ class RunEndedOnClaim(StreamEnded):
 
 
 def error_response(
-    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+    status: int,
+    code: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> Response:
-    return json_response({"error": code, "detail": detail}, status, headers=headers)
+    return json_response(
+        {"error": code, "detail": detail, **(extra or {})}, status, headers=headers
+    )
 
 
 def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
@@ -66,7 +73,7 @@ def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
         return 422, None
     if isinstance(exc, RunNotFound):
         return 404, None
-    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive):
+    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive | SequenceRefused):
         return 409, None
     if isinstance(exc, BackendUnavailable | BridgeClosed):
         return 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}
@@ -80,7 +87,7 @@ def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
 def gateway_error_response(exc: GatewayError) -> Response:
     status, headers = _status_of(exc)
     detail = str(exc) or exc.code.replace("_", " ")
-    return error_response(status, exc.code, detail, headers)
+    return error_response(status, exc.code, detail, headers, exc.details())
 
 
 async def _on_gateway_error(request: Request, exc: Exception) -> Response:

@@ -31,7 +31,7 @@ _ERRORS: Final[dict[str, str]] = {
     "401": "unauthorized / token_expired: missing, invalid or expired credentials",
     "403": "forbidden: the credentials do not cover this route or run",
     "404": "run_not_found: no such run (or not a run of this thread)",
-    "409": "fenced / ended / run_owned / run_ended",
+    "409": "fenced / ended / run_owned / run_ended / sequence_gap / sequence_conflict",
     "413": "too_large: body, event or batch over the configured limits",
     "422": "invalid_input / malformed field: bad run id, event name, status, type...",
     "503": "backend_unavailable / bridge_closed: retry after Retry-After seconds",
@@ -65,6 +65,17 @@ _TOKEN_HEADER: Final = {
     "required": True,
     "description": "The producer_token returned by the claim (missing: 422)",
     "schema": {"type": "string"},
+}
+_SEQ_HEADER: Final = {
+    "name": "X-Producer-Seq",
+    "in": "header",
+    "required": False,
+    "description": (
+        "Number of the batch's first event in this lease epoch (1-based): a retry of the "
+        "last applied batch returns its ids and appends nothing; past the next expected "
+        "number is 409 sequence_gap with expected_seq"
+    ),
+    "schema": {"type": "integer", "minimum": 1, "maximum": 2**53 - 1},
 }
 _ACCESS_TOKEN: Final = {
     "name": "access_token",
@@ -100,7 +111,11 @@ _SCHEMAS: Final[dict[str, Any]] = {
     "Error": {
         "type": "object",
         "required": ["error", "detail"],
-        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+        "properties": {
+            "error": {"type": "string"},
+            "detail": {"type": "string"},
+            "expected_seq": {"type": "integer", "description": "sequence_*: next expected"},
+        },
     },
     "ClaimRequest": {
         "type": "object",
@@ -264,7 +279,7 @@ _PATHS: Final[dict[str, Any]] = {
             "operationId": "publishEvents",
             "summary": "Append one event or a batch (atomic)",
             "security": _API_KEY,
-            "parameters": [_RUN_ID, _TOKEN_HEADER],
+            "parameters": [_RUN_ID, _TOKEN_HEADER, _SEQ_HEADER],
             "requestBody": _body({"oneOf": [_ref("Event"), _ref("EventBatch")]}, True),
             "responses": {
                 "200": _json(_ref("PublishResult"), "Assigned ids, and the cancel flag"),

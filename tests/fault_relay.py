@@ -1,0 +1,103 @@
+"""A TCP relay that loses requests and replies on purpose, in front of Redis or a gateway.
+
+    relay = FaultRelay(("127.0.0.1", port), marker=b"EVALSHA")
+    await tg.start(relay.serve)          # then connect to 127.0.0.1:relay.port
+    relay.armed = True                   # the next request's reply is lost
+
+A request is a chunk from the client that contains `marker` (`EVALSHA` for a Redis
+script, `/events HTTP/1.1` for a gateway append). For each one the relay decides:
+
+- `PASS`: forward it and its reply;
+- `DROP_REPLY`: forward it, then cut both connections when the reply starts: the server
+  ran it, the client never learns (the case a blind retry must not duplicate);
+- `DROP_REQUEST`: cut both connections before forwarding it: it never ran.
+
+`armed = True` makes the next request `DROP_REPLY` once; `plan(n)` decides for the n-th
+request (from 0) otherwise. `cut` counts lost replies, `refused` lost requests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+
+class Fault(enum.Enum):
+    PASS = "pass"
+    DROP_REPLY = "drop_reply"
+    DROP_REQUEST = "drop_request"
+
+
+class FaultRelay:
+    def __init__(
+        self,
+        target: tuple[str, int],
+        *,
+        marker: bytes = b"EVALSHA",
+        plan: Callable[[int], Fault] | None = None,
+    ) -> None:
+        self.target = target
+        self.marker = marker
+        self.plan = plan
+        self.armed = False
+        self.requests = 0  # requests seen (chunks with the marker)
+        self.cut = 0  # replies lost
+        self.refused = 0  # requests lost
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        task_status.started()
+        await listener.serve(self._relay)
+
+    def _decide(self) -> Fault:
+        n = self.requests
+        self.requests += 1
+        if self.armed:
+            self.armed = False
+            return Fault.DROP_REPLY
+        return self.plan(n) if self.plan is not None else Fault.PASS
+
+    async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        swallow = anyio.Event()  # set: the next reply is dropped with the connections
+        try:
+            async with (
+                client,
+                await anyio.connect_tcp(*self.target) as server,
+                anyio.create_task_group() as tg,
+            ):
+
+                async def up() -> None:
+                    async for chunk in client:
+                        if self.marker in chunk:
+                            fault = self._decide()
+                            if fault is Fault.DROP_REQUEST:
+                                self.refused += 1
+                                tg.cancel_scope.cancel()
+                                return
+                            if fault is Fault.DROP_REPLY:
+                                swallow.set()
+                        await server.send(chunk)
+                    tg.cancel_scope.cancel()  # the client closed: so does the relay
+
+                async def down() -> None:
+                    async for chunk in server:
+                        if swallow.is_set():  # the server ran it; the client never hears
+                            self.cut += 1
+                            tg.cancel_scope.cancel()
+                            return
+                        await client.send(chunk)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(up)
+                tg.start_soon(down)
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # one side went away: the other is closed with it
