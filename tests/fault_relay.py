@@ -18,6 +18,7 @@ request (from 0) otherwise. `cut` counts lost replies, `refused` lost requests.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable
 
@@ -69,35 +70,36 @@ class FaultRelay:
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
         swallow = anyio.Event()  # set: the next reply is dropped with the connections
         try:
-            async with (
-                client,
-                await anyio.connect_tcp(*self.target) as server,
-                anyio.create_task_group() as tg,
-            ):
+            server = await anyio.connect_tcp(*self.target)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, server, anyio.create_task_group() as tg:
 
-                async def up() -> None:
+            async def up() -> None:
+                with contextlib.suppress(*_GONE):
                     async for chunk in client:
                         if self.marker in chunk:
                             fault = self._decide()
                             if fault is Fault.DROP_REQUEST:
                                 self.refused += 1
-                                tg.cancel_scope.cancel()
-                                return
+                                break
                             if fault is Fault.DROP_REPLY:
                                 swallow.set()
                         await server.send(chunk)
-                    tg.cancel_scope.cancel()  # the client closed: so does the relay
+                tg.cancel_scope.cancel()  # one side closed or was cut: so is the other
 
-                async def down() -> None:
+            async def down() -> None:
+                with contextlib.suppress(*_GONE):
                     async for chunk in server:
                         if swallow.is_set():  # the server ran it; the client never hears
                             self.cut += 1
-                            tg.cancel_scope.cancel()
-                            return
+                            break
                         await client.send(chunk)
-                    tg.cancel_scope.cancel()
+                tg.cancel_scope.cancel()
 
-                tg.start_soon(up)
-                tg.start_soon(down)
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # one side went away: the other is closed with it
+            tg.start_soon(up)
+            tg.start_soon(down)
+
+
+_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
