@@ -6,7 +6,8 @@
 
 Entering the block claims the run (`takeover=True` to fence a live holder); leaving it
 ENDs the run: `success`, `error` when the block raises, `cancelled` when the block is
-cancelled or a subscriber asked to cancel (`POST /v1/runs/{id}/cancel`; the block is
+cancelled (or `cancelled_status`, e.g. `interrupted` for a worker that is shutting
+down) or a subscriber asked to cancel (`POST /v1/runs/{id}/cancel`; the block is
 then cancelled and leaves quietly unless `cancel_on_request=False`, in which case the
 code polls `run.cancel_requested` or awaits `run.wait_cancel_requested()`).
 
@@ -159,6 +160,7 @@ class Producer:
         input_message: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         cancel_on_request: bool = True,
+        cancelled_status: EndStatus = "cancelled",
         batch_window: float = 0.02,
         batch_bytes: int = 64 * 1024,
         batch_events: int = 500,
@@ -187,6 +189,7 @@ class Producer:
         self._own_client = client is None
         self._request_timeout = request_timeout
         self.cancel_on_request = cancel_on_request
+        self.cancelled_status: EndStatus = cancelled_status
         self.batch_window = batch_window
         self.batch_bytes = batch_bytes
         self.batch_events = batch_events
@@ -259,8 +262,7 @@ class Producer:
                 # The surrounding scope is cancelled: END first (shielded), then the
                 # cancellation goes on, as the block's own one or re-raised below.
                 if not cancelled:
-                    with anyio.CancelScope(shield=True):
-                        await self._end_anyway("cancelled", None, flush=True)
+                    await self._end_anyway(self.cancelled_status, None, flush=True)
                     raise
                 cancelled = True
             failure = self._failure
@@ -268,7 +270,9 @@ class Producer:
                 if not isinstance(failure, ProducerFenced | StreamEnded | BackendUnavailable):
                     await self._end_anyway("error", _error_of(failure), flush=False)
                 raise failure
-            if cancelled or (stopped_by_us and self.cancel_requested):
+            if cancelled:
+                await self._end_anyway(self.cancelled_status, None, flush=True)
+            elif stopped_by_us and self.cancel_requested:
                 await self._end_anyway("cancelled", None, flush=True)
             elif exc is not None and not stopped_by_us:
                 await self._end_anyway("error", _error_of(exc), flush=True)
@@ -277,7 +281,7 @@ class Producer:
                     await self.flush_all()
                     await self._end("success", None)
                 except cancelled_exc:
-                    await self._end_anyway("cancelled", None, flush=True)
+                    await self._end_anyway(self.cancelled_status, None, flush=True)
                     raise
         finally:
             await self._close_client()

@@ -11,7 +11,11 @@
  *   sessionStorage["gateway.console.creds"]  API key / access token typed into the page
  *
  * URL: `/?run=<id>` follows that run (resuming from the stored cursor when it is the
- * run already followed); `?demo_delay=<ms>` sets the demo producer's pace.
+ * run already followed); `/?session=<id>` follows that session: its running turn, then
+ * each next turn as it starts (`./scripts/serve` points here for its demo session);
+ * `?demo_delay=<ms>` sets the demo producer's pace. With none of these and nothing
+ * followed before (or only an ended run), the page follows the most recently active
+ * session that has a running turn, so it opens on whatever is streaming.
  */
 (function () {
   "use strict";
@@ -214,6 +218,7 @@
     persist();
     setConnection("closed", `closed (run ended: ${end.status})`);
     loadSessions();
+    if (sessionFollow) nextTurnSoon(sessionFollow, state.runId);
   }
 
   async function onGap(gap) {
@@ -273,7 +278,8 @@
     follower = null;
   }
 
-  async function followRun(runId, { resume } = { resume: false }) {
+  async function followRun(runId, { resume, keepSession } = { resume: false, keepSession: false }) {
+    if (!keepSession) stopSessionFollow();
     stopFollowing();
     const stored = load(localStorage, FOLLOW_KEY);
     if (resume && stored && stored.runId === runId) {
@@ -313,6 +319,77 @@
       onEvent, onEnd, onGap, onError, onOpen,
       maxGapRecoveries: 3,
     });
+  }
+
+  // ------------------------------------------------------------------ following a session
+
+  let sessionFollow = null; // the session whose turns open here one after the other
+  let nextTurnTimer = null;
+  const NEXT_TURN_POLL_MS = 1000;
+
+  // The running turn of a session (the newest one), other than `exceptRunId`.
+  async function runningTurn(sessionId, exceptRunId) {
+    const reply = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}/turns?limit=20`);
+    showTurns(sessionId, reply.turns);
+    const running = reply.turns.filter((t) => t.state === "running" && t.run_id !== exceptRunId);
+    return running.length ? running[running.length - 1].run_id : null;
+  }
+
+  async function followSession(sessionId, exceptRunId) {
+    clearTimeout(nextTurnTimer);
+    sessionFollow = sessionId;
+    $("#run").dataset.session = sessionId;
+    const url = new URL(location.href);
+    if (url.searchParams.get("session") !== sessionId) {
+      url.searchParams.set("session", sessionId);
+      history.replaceState(null, "", url);
+    }
+    let runId = null;
+    try {
+      runId = await runningTurn(sessionId, exceptRunId);
+    } catch (err) {
+      message(`session ${sessionId}: ${err.message}`, true);
+    }
+    if (sessionFollow !== sessionId) return; // the user picked something else meanwhile
+    if (runId) {
+      message(`following session ${sessionId}: each new turn opens here`);
+      await followRun(runId, { resume: true, keepSession: true });
+    } else {
+      if (!state || state.status !== "running") setConnection("waiting", `waiting for a turn of ${sessionId}`);
+      nextTurnSoon(sessionId, exceptRunId);
+    }
+  }
+
+  function nextTurnSoon(sessionId, exceptRunId) {
+    clearTimeout(nextTurnTimer);
+    nextTurnTimer = setTimeout(() => {
+      if (sessionFollow === sessionId) followSession(sessionId, exceptRunId);
+    }, NEXT_TURN_POLL_MS);
+  }
+
+  function stopSessionFollow() {
+    clearTimeout(nextTurnTimer);
+    sessionFollow = null;
+    delete $("#run").dataset.session;
+    const url = new URL(location.href);
+    if (url.searchParams.has("session")) {
+      url.searchParams.delete("session");
+      history.replaceState(null, "", url);
+    }
+  }
+
+  // The most recently active session with a running turn, if any (a page opened with
+  // nothing to show follows it).
+  async function liveSession() {
+    try {
+      const reply = await api("GET", "/v1/sessions?limit=5");
+      for (const row of reply.sessions) {
+        if (await runningTurn(row.session_id, null)) return row.session_id;
+      }
+    } catch (_err) {
+      // nothing to open on
+    }
+    return null;
   }
 
   // ------------------------------------------------------------------ demo producer
@@ -495,15 +572,35 @@
     $("#refresh-sessions").addEventListener("click", loadSessions);
 
     const stored = load(localStorage, FOLLOW_KEY);
+    const session = params.get("session");
     const wanted = params.get("run") || (stored && stored.runId);
-    if (wanted) {
+    if (session && params.get("run")) {
+      // A reload while following a session: resume its run, then go on with the session.
+      sessionFollow = session;
+      $("#run").dataset.session = session;
+      followRun(params.get("run"), { resume: true, keepSession: true }).then(() => {
+        if (state && state.status && state.status !== "running") nextTurnSoon(session, state.runId);
+      });
+    } else if (session) {
+      followSession(session, null);
+    } else if (params.get("run") || (wanted && (!stored.status || stored.status === "running"))) {
       $("#follow-input").value = wanted;
       followRun(wanted, { resume: true });
+    } else {
+      if (wanted) followRun(wanted, { resume: true }); // the finished run, until a live one is found
+      liveSession().then((found) => {
+        const untouched = !sessionFollow && (state === null || state.runId === wanted);
+        if (found && untouched) followSession(found, null);
+      });
     }
     if (load(localStorage, PRODUCER_KEY)) runProducer(true);
     loadSessions();
   }
 
-  window.GatewayConsole = { followRun, startDemo, loadSessions, get state() { return state; } };
+  window.GatewayConsole = {
+    followRun, followSession, startDemo, loadSessions,
+    get state() { return state; },
+    get session() { return sessionFollow; },
+  };
   init();
 })();
