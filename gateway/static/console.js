@@ -15,7 +15,8 @@
  * each next turn as it starts (`./scripts/serve` points here for its demo session);
  * `?demo_delay=<ms>` sets the demo producer's pace. With none of these and nothing
  * followed before (or only an ended run), the page follows the most recently active
- * session that has a running turn, so it opens on whatever is streaming.
+ * session with a running turn (else the most recently active one, else the first that
+ * appears), so it opens on whatever is streaming.
  */
 (function () {
   "use strict";
@@ -324,6 +325,7 @@
   // ------------------------------------------------------------------ following a session
 
   let sessionFollow = null; // the session whose turns open here one after the other
+  let picked = false; // the user chose what to show: the page no longer picks for them
   let nextTurnTimer = null;
   const NEXT_TURN_POLL_MS = 1000;
 
@@ -378,18 +380,33 @@
     }
   }
 
-  // The most recently active session with a running turn, if any (a page opened with
-  // nothing to show follows it).
-  async function liveSession() {
-    try {
-      const reply = await api("GET", "/v1/sessions?limit=5");
-      for (const row of reply.sessions) {
-        if (await runningTurn(row.session_id, null)) return row.session_id;
-      }
-    } catch (_err) {
-      // nothing to open on
+  // The session a page with nothing to show opens on: the most recently active one with
+  // a running turn, else the most recently active one (its next turn will open here).
+  async function sessionToOpen() {
+    const reply = await api("GET", "/v1/sessions?limit=5");
+    for (const row of reply.sessions) {
+      if (await runningTurn(row.session_id, null)) return row.session_id;
     }
-    return null;
+    return reply.sessions.length ? reply.sessions[0].session_id : null;
+  }
+
+  // Until there is a session (a gateway that just started) or the user picks something.
+  async function openOnLiveSession(wanted) {
+    const untouched = () => !picked && !sessionFollow && (state === null || state.runId === wanted);
+    while (untouched()) {
+      let found = null;
+      try {
+        found = await sessionToOpen();
+      } catch (_err) {
+        return; // e.g. credentials needed: the page stays as it is
+      }
+      if (!untouched()) return;
+      if (found) {
+        await followSession(found, null);
+        return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, NEXT_TURN_POLL_MS));
+    }
   }
 
   // ------------------------------------------------------------------ demo producer
@@ -501,7 +518,10 @@
       const follow = document.createElement("button");
       follow.type = "button";
       follow.textContent = "follow";
-      follow.addEventListener("click", () => followRun(turn.run_id, { resume: true }));
+      follow.addEventListener("click", () => {
+        picked = true;
+        followRun(turn.run_id, { resume: true });
+      });
       const text = document.createElement("span");
       text.className = "text";
       text.textContent = turn.text || "";
@@ -562,11 +582,13 @@
     $("#demo-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       message("");
+      picked = true;
       startDemo($("#session-input").value.trim() || "console").catch((err) => message(err.message, true));
     });
     $("#follow-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       message("");
+      picked = true;
       followRun($("#follow-input").value.trim(), { resume: true });
     });
     $("#refresh-sessions").addEventListener("click", loadSessions);
@@ -588,10 +610,7 @@
       followRun(wanted, { resume: true });
     } else {
       if (wanted) followRun(wanted, { resume: true }); // the finished run, until a live one is found
-      liveSession().then((found) => {
-        const untouched = !sessionFollow && (state === null || state.runId === wanted);
-        if (found && untouched) followSession(found, null);
-      });
+      openOnLiveSession(wanted || null);
     }
     if (load(localStorage, PRODUCER_KEY)) runProducer(true);
     loadSessions();
