@@ -25,11 +25,12 @@ from gateway import RedisStreamBridge, Settings
 PAYLOAD = {"text": "x" * 180}
 
 
-async def _publish_cost(url: str, retained: int, n: int) -> float:
+async def _publish_cost(url: str, retained: int, n: int, numbered: bool = False) -> float:
     """Median seconds per single-event publish on a run holding `retained` events.
 
     Retention is set to `retained` and the log is filled first, so every measured
     publish also trims one entry: the steady state of a long-running producer.
+    `numbered`: each publish is a one-event `publish_many(..., seq=N)`.
     """
     settings = Settings(redis_url=url, max_events_per_run=retained, redis_key_prefix="bench:")
     bridge = RedisStreamBridge.connect(settings)
@@ -41,10 +42,16 @@ async def _publish_cost(url: str, retained: int, n: int) -> float:
         await bridge.publish_many(run, batch[: min(500, left)], producer_token=claim.token)
         left -= min(500, left)
     samples = []
+    seq = 1
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(n):
-            await bridge.publish(run, "token", PAYLOAD, producer_token=claim.token)
+            if numbered:
+                one = [("token", PAYLOAD)]
+                await bridge.publish_many(run, one, producer_token=claim.token, seq=seq)
+                seq += 1
+            else:
+                await bridge.publish(run, "token", PAYLOAD, producer_token=claim.token)
         samples.append((time.perf_counter() - start) / n)
     await bridge.close()
     return statistics.median(samples)
@@ -107,6 +114,11 @@ async def main(quick: bool) -> None:
         print(f"publish cost, 10 retained:      {small * 1e6:8.1f} us/event")
         print(f"publish cost, 100,000 retained: {large * 1e6:8.1f} us/event")
         print(f"ratio 100k/10:                  {large / small:8.3f}  (target <= 1.15)")
+        small_n = await _publish_cost(server.url, 10, n, numbered=True)
+        large_n = await _publish_cost(server.url, 100_000, n, numbered=True)
+        print(f"numbered publish, 10 retained:      {small_n * 1e6:8.1f} us/event")
+        print(f"numbered publish, 100,000 retained: {large_n * 1e6:8.1f} us/event")
+        print(f"ratio 100k/10 (numbered):           {large_n / small_n:8.3f}  (target <= 1.15)")
 
         bridge_rate, raw_rate = await _publish_many_vs_raw(server.url, 200 if quick else 1_000)
         print(f"publish_many x50 (fenced, trimmed): {bridge_rate:10.0f} events/s")
