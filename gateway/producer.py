@@ -225,6 +225,8 @@ class Producer:
     # ------------------------------------------------------------------ the block
 
     async def __aenter__(self) -> Self:
+        if self.token:
+            raise RuntimeError("a Producer is good for one run: make a new one")
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._request_timeout)
         try:
@@ -283,6 +285,9 @@ class Producer:
                 except cancelled_exc:
                     await self._end_anyway(self.cancelled_status, None, flush=True)
                     raise
+                except (InvalidInput, RequestRefused) as refused:  # a batch was refused
+                    await self._end_anyway("error", _error_of(refused), flush=False)
+                    raise
         finally:
             await self._close_client()
         return stopped_by_us  # only ever our own cancellation is taken back
@@ -297,6 +302,11 @@ class Producer:
             try:
                 if flush:
                     await self.flush_all()
+            except GatewayError as exc:
+                log.warning("run %s: queued events not sent: %s", self.run_id, exc)
+                if isinstance(exc, ProducerFenced | StreamEnded):
+                    return  # not ours to END any more
+            try:
                 await self._end(status, error)
             except GatewayError as exc:
                 log.warning("could not END run %s as %s: %s", self.run_id, status, exc)

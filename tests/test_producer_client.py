@@ -12,7 +12,13 @@ import anyio
 import httpx
 import pytest
 
-from gateway.errors import BackendUnavailable, ProducerFenced, RunOwned, StreamEnded
+from gateway.errors import (
+    BackendUnavailable,
+    PayloadTooLarge,
+    ProducerFenced,
+    RunOwned,
+    StreamEnded,
+)
 from gateway.producer import Producer
 from tests import http_server
 from tests.fault_relay import Fault, FaultRelay
@@ -234,6 +240,25 @@ async def test_a_takeover_fences_the_old_producer_with_a_typed_error(
     assert old.end_status is None  # a fenced producer cannot END the run
     info = await run_status(client, "taken-over")
     assert info["status"] == "running" and info["retained_events"] == 1
+
+
+@pytest.mark.gateway_settings(max_event_bytes=100)
+async def test_a_refused_batch_cancels_the_block_and_ends_the_run_error(
+    gateway_server: RunningServer, client: httpx.AsyncClient
+) -> None:
+    producer = Producer(gateway_server.base_url)
+    reached = False
+    with pytest.raises(PayloadTooLarge):
+        async with producer as run:
+            await run.send("token", {"n": 0})
+            await run.flush()
+            await run.send("token", {"n": 1, "pad": "x" * 200})  # over max_event_bytes
+            with anyio.fail_after(10):
+                await anyio.sleep_forever()  # cancelled by the failed batch
+            reached = True
+    assert not reached
+    result = await stream_of(client, producer.run_id)
+    assert numbers(result) == [0] and end_status(result) == "error"
 
 
 async def test_claiming_an_owned_run_is_run_owned_and_an_ended_one_is_ended(
