@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import anyio
+import anyio.lowlevel
 import httpx
 import orjson
 from anyio.abc import TaskGroup
@@ -74,7 +75,8 @@ log = logging.getLogger("gateway.producer")
 # Answers after which a request may be re-sent: the gateway or a proxy in front of it
 # could not serve it now (a numbered append may have been applied; the retry says so).
 RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
-MAX_RETRY_AFTER: Final = 5.0  # seconds; a longer Retry-After is capped to this
+MAX_RETRY_AFTER: Final = 5.0
+MAX_CACHED_NAMES: Final = 256  # seconds; a longer Retry-After is capped to this
 
 _ERRORS_BY_CODE: Final[dict[str, type[GatewayError]]] = {
     "fenced": ProducerFenced,
@@ -221,6 +223,7 @@ class Producer:
         self._progress = anyio.Event()  # a batch was acknowledged (replaced each time)
         self._cancel_seen = anyio.Event()
         self._flush_now = False
+        self._prefixes: dict[str, bytes] = {}  # event name -> `{"event":<name>,"data":`
 
     # ------------------------------------------------------------------ the block
 
@@ -323,20 +326,35 @@ class Producer:
 
     async def send(self, event: str, data: Any = None) -> None:
         """Queue one event (validated and encoded now); waits only when the queue is full."""
-        await self.send_many([(event, data)])
+        self._queue(event, data)
+        await self._queued()
 
     async def send_many(self, events: Iterable[tuple[str, Any]]) -> None:
         """Queue events in order; they go out in as few batches as the limits allow."""
-        self._check_usable()
         for event, data in events:
-            try:
-                payload = orjson.dumps(data)
-            except TypeError as exc:  # orjson.JSONEncodeError
-                raise InvalidInput(f"data is not JSON-serialisable: {exc}") from None
-            item = b'{"event":' + orjson.dumps(check_event_name(event)) + b',"data":' + payload
-            self._pending.append(item + b"}")
-            self._pending_bytes += len(item) + 1
+            self._queue(event, data)
+        await self._queued()
+
+    def _queue(self, event: str, data: Any) -> None:
+        self._check_usable()
+        prefix = self._prefixes.get(event)
+        if prefix is None:  # each name is validated and encoded once
+            prefix = b'{"event":' + orjson.dumps(check_event_name(event)) + b',"data":'
+            if len(self._prefixes) < MAX_CACHED_NAMES:
+                self._prefixes[event] = prefix
+        try:
+            item = prefix + orjson.dumps(data) + b"}"
+        except TypeError as exc:  # orjson.JSONEncodeError
+            raise InvalidInput(f"data is not JSON-serialisable: {exc}") from None
+        self._pending.append(item)
+        self._pending_bytes += len(item)
+
+    async def _queued(self) -> None:
         self._wake.set()
+        if self._inflight is None and self._full():
+            # A whole batch is ready and nothing is on the wire: let the sender take it
+            # now, so the request overlaps with whatever this task produces next.
+            await anyio.lowlevel.checkpoint()
         while self._pending_bytes > self.max_buffer_bytes:  # back-pressure
             self._flush_now = True
             self._wake.set()

@@ -469,7 +469,9 @@
       for (;;) {
         const job = load(localStorage, PRODUCER_KEY);
         if (!job) return;
-        const headers = { "X-Producer-Token": job.token };
+        // Numbered (token n is event n + 1 of this lease): a re-send after a reload that
+        // lost the saved position is answered with its first ids, never appended twice.
+        const headers = { "X-Producer-Token": job.token, "X-Producer-Seq": String(job.next + 1) };
         const path = `/v1/runs/${encodeURIComponent(job.runId)}`;
         try {
           if (job.next >= tokens.length) {
