@@ -10,10 +10,13 @@ script, `/events HTTP/1.1` for a gateway append). For each one the relay decides
 - `PASS`: forward it and its reply;
 - `DROP_REPLY`: forward it, then cut both connections when the reply starts: the server
   ran it, the client never learns (the case a blind retry must not duplicate);
-- `DROP_REQUEST`: cut both connections before forwarding it: it never ran.
+- `DROP_REQUEST`: cut both connections before forwarding it: it never ran;
+- `REPLY_503`: answer it with an HTTP 503 (`Retry-After: 0`, then close) without
+  forwarding it, as a proxy whose backend is away does.
 
 `armed = True` makes the next request `DROP_REPLY` once; `plan(n)` decides for the n-th
-request (from 0) otherwise. `cut` counts lost replies, `refused` lost requests.
+request (from 0) otherwise. `cut` counts lost replies, `refused` lost requests,
+`unavailable` the 503s.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable
+from typing import Final
 
 import anyio
 import anyio.abc
@@ -30,6 +34,13 @@ class Fault(enum.Enum):
     PASS = "pass"
     DROP_REPLY = "drop_reply"
     DROP_REQUEST = "drop_request"
+    REPLY_503 = "reply_503"
+
+
+UNAVAILABLE: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
 
 
 class FaultRelay:
@@ -47,6 +58,7 @@ class FaultRelay:
         self.requests = 0  # requests seen (chunks with the marker)
         self.cut = 0  # replies lost
         self.refused = 0  # requests lost
+        self.unavailable = 0  # requests answered 503
         self.port = 0
 
     @property
@@ -83,6 +95,10 @@ class FaultRelay:
                             fault = self._decide()
                             if fault is Fault.DROP_REQUEST:
                                 self.refused += 1
+                                break
+                            if fault is Fault.REPLY_503:
+                                self.unavailable += 1
+                                await client.send(UNAVAILABLE)
                                 break
                             if fault is Fault.DROP_REPLY:
                                 swallow.set()
