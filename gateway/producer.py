@@ -565,7 +565,12 @@ class Producer:
             raise _Retryable(response)
         if response.status_code >= 400:
             raise error_from(response)
-        reply: dict[str, Any] = response.json()
+        try:
+            reply = response.json()
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):  # not the gateway answering (a proxy's page?)
+            raise RequestRefused(response.status_code, "bad_reply", response.text[:200])
         return reply
 
 
