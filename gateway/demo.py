@@ -45,8 +45,9 @@ PARAGRAPH: Final = (
 )
 QUESTION: Final = "Show me a streamed answer."
 # Tokens come every `token_delay` seconds; the client batches what arrives within this
-# window into one request (a steady demo makes a few requests a second, not twenty).
-BATCH_WINDOW: Final = 0.1
+# window into one request (a steady demo makes a few requests a second, not twenty;
+# the console still shows the answer grow a few words at a time).
+BATCH_WINDOW: Final = 0.2
 
 
 def demo_tokens(text: str = PARAGRAPH) -> Iterator[str]:
@@ -143,7 +144,9 @@ async def run_demo(
             log.warning("demo run failed: %s", exc, extra={"run_id": run_id})
         else:
             done += 1
-        log.info("demo run ended", extra={"run_id": run_id, "outcome": producer.end_status})
+        finally:  # also when the demo is cancelled (its run then ENDed `interrupted`)
+            outcome = producer.end_status
+            log.info("demo run ended", extra={"run_id": run_id, "outcome": outcome})
         if max_runs is not None and tried >= max_runs:
             break
         with anyio.move_on_after(pause):
