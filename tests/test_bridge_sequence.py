@@ -218,3 +218,33 @@ async def test_numbered_writes_after_end_are_ended_and_bad_numbers_are_invalid(
     await bridge.publish_end(run_id, "success", producer_token=tok)
     with pytest.raises(StreamEnded):
         await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
+
+
+async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
+    make_bridge: BridgeFactory, redis_url: str
+) -> None:
+    """No key per event or per batch: after many numbered batches the run still has its
+    two keys, and the hash holds only the last batch's ids."""
+    if make_bridge.backend != "redis":
+        pytest.skip("Redis layout")
+    from redis.asyncio import Redis
+
+    async with make_bridge() as bridge:
+        run_id = new_run_id()
+        tok = (await bridge.claim(run_id, lease_seconds=30)).token
+        seq = 1
+        for size in (3, 1, 4, 1, 5) * 20:
+            last = await bridge.publish_many(
+                run_id, batch(*range(seq, seq + size)), producer_token=tok, seq=seq
+            )
+            seq += size
+    client = Redis.from_url(redis_url)
+    try:
+        keys = sorted(k.decode() for k in await client.keys(f"{make_bridge.key_prefix}*"))
+        tag = f"{make_bridge.key_prefix}{{{run_id}}}"
+        assert keys == [f"{tag}:log", f"{tag}:meta"]
+        fields = await client.hmget(f"{tag}:meta", ["seq_tok", "seq_next", "seq_first", "seq_ids"])
+        assert fields[0] == tok.encode() and int(fields[1]) == seq
+        assert int(fields[2]) == seq - 5 and fields[3].decode().split(" ") == list(last.ids)
+    finally:
+        await client.aclose()
