@@ -6,6 +6,7 @@ GatewayError
 ├── RunNotFound             no record of the run
 ├── ProducerFenced          stale/wrong producer token or expired lease
 ├── RunOwned                claim refused: a live lease is held elsewhere
+├── SessionMismatch         claim naming a session the run is not in (409)
 ├── StreamEnded             write after END (or claim of an ended run)
 ├── SessionActive           clear (retire=false) refused: a turn is still running (409)
 ├── BridgeClosed            the bridge was closed
@@ -42,6 +43,17 @@ class ProducerFenced(GatewayError):
 
 class RunOwned(GatewayError):
     code = "run_owned"
+
+
+class SessionMismatch(GatewayError):
+    """A claim named a session the run does not belong to (a run's session is fixed)."""
+
+    code = "session_mismatch"
+
+    @classmethod
+    def of(cls, run_id: str, current: str | None) -> SessionMismatch:
+        where = f"session {current!r}" if current else "no session"
+        return cls(f"run {run_id} belongs to {where}; a claim cannot move it")
 
 
 class StreamEnded(GatewayError):

@@ -13,6 +13,12 @@
 -- Every publish renews the lease by the length the producer claimed it for, and
 -- PUBLISHes on the channel named like the log key so following gateways wake.
 --
+-- The log's floor (every event with a larger id is retained) lives in the stream itself,
+-- as its max-deleted-entry-id (XSETID ... MAXDELETEDID): trimming sets it to the newest
+-- trimmed id, and a log recreated after a removal starts with it at the last id the run
+-- had handed out (`last` in the record), with ids above that. It vanishes only with the
+-- stream, so readers can always tell what they missed.
+--
 -- Returns {"ok", cancel_requested (0|1), session_id_or_"", id, id, ...}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
@@ -20,7 +26,7 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
-  'session')
+  'session', 'last', 'remove_at')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -38,26 +44,50 @@ if tonumber(meta[2] or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 
-local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
-for i = 4, #ARGV, 2 do
-  reply[#reply + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
+-- No log but the run handed out ids before: it was removed under a live producer.
+local floor = nil
+local next_id = '*'
+if not tail and meta[7] then
+  floor = meta[7]
+  local ms, seq = string.match(floor, '^(%d+)-(%d+)$')
+  ms, seq = tonumber(ms), tonumber(seq)
+  if now > ms then
+    next_id = string.format('%d-0', now)
+  else
+    next_id = string.format('%d-%d', ms, seq + 1)
+  end
 end
 
--- Keep the exact last trimmed id: Redis 7 does not track trimming, and a reader whose
--- cursor is exactly that id has missed nothing.
+local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
+for i = 4, #ARGV, 2 do
+  reply[#reply + 1] = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
+  next_id = '*'
+end
+local last = reply[#reply]
+
 local maxlen = tonumber(ARGV[2])
 local excess = redis.call('XLEN', KEYS[2]) - maxlen
 if excess > 0 then
   local victims = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', excess)
   redis.call('XTRIM', KEYS[2], 'MAXLEN', maxlen)
-  redis.call('HSET', KEYS[1], 'trimmed', victims[#victims][1])
+  floor = victims[#victims][1]
+end
+if floor then
+  redis.call('XSETID', KEYS[2], last, 'MAXDELETEDID', floor)
 end
 
 redis.call('HSET', KEYS[1],
   'lease_until', string.format('%d', now + tonumber(meta[5])),
-  'updated', string.format('%d', now))
+  'updated', string.format('%d', now), 'last', last)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+-- A removal scheduled with cleanup(delay) is not put off by later writes.
+local remove_at = tonumber(meta[8] or '0')
+if remove_at > now then
+  redis.call('PEXPIRE', KEYS[2], remove_at - now)
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  if remove_at > 0 then redis.call('HDEL', KEYS[1], 'remove_at') end
+end
 -- Wake the gateways following this run (the channel is the log key's name).
 redis.call('PUBLISH', KEYS[2], '')
 return reply

@@ -27,6 +27,7 @@ from ..errors import (
     RunNotFound,
     RunOwned,
     SessionActive,
+    SessionMismatch,
     StreamEnded,
     Unauthorized,
 )
@@ -66,7 +67,7 @@ def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
         return 422, None
     if isinstance(exc, RunNotFound):
         return 404, None
-    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive):
+    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive | SessionMismatch):
         return 409, None
     if isinstance(exc, BackendUnavailable | BridgeClosed):
         return 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}
