@@ -142,9 +142,7 @@ async def test_end_error_is_kept_after_the_log_is_removed(make_bridge: BridgeFac
     async with make_bridge() as bridge:
         run_id = new_run_id()
         token, _ = await started(bridge, run_id, 1)
-        end = await bridge.publish_end(
-            run_id, "error", {"message": "boom"}, producer_token=token
-        )
+        end = await bridge.publish_end(run_id, "error", {"message": "boom"}, producer_token=token)
         await bridge.cleanup(run_id)
         with anyio.fail_after(TIMEOUT):
             async with reading(bridge, run_id) as it:
@@ -293,7 +291,7 @@ async def test_a_cursor_past_the_newest_id_waits_for_the_end_only(
         with anyio.fail_after(TIMEOUT):
             async with reading(bridge, run_id, future, heartbeat=0.2) as it:
                 assert isinstance(await anext(it), Heartbeat)
-                await bridge.publish(run_id, "e", "later, but before the cursor", producer_token=token)
+                await bridge.publish(run_id, "e", "before the cursor", producer_token=token)
                 await bridge.publish_end(run_id, "success", producer_token=token)
                 items = await until_terminal(it)
         assert [type(i) for i in items] == [End]

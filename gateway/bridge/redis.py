@@ -679,5 +679,3 @@ class _Reader:
 
     def wait_seconds(self, interval: float) -> float:
         return interval - (time.monotonic() - self.idle_since)
-
-
