@@ -9,10 +9,13 @@ import httpx
 import pytest
 
 from gateway.cursor import parse_cursor
-from tests.http_server import ProducerClient, client, gateway_server  # noqa: F401 (fixtures)
+from tests import http_server
+from tests.http_server import ProducerClient
 from tests.sse_client import read_stream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+gateway_server = http_server.gateway_server
+client = http_server.client
 
 
 async def _reconnect(
