@@ -38,7 +38,6 @@ local function settle(end_id, status, by)
   redis.call('HSET', KEYS[1], 'status', status, 'end_id', end_id,
     'updated', string.format('%d', now), 'lease_until', '0', 'end_by', by)
   if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[3]) end
-  if end_id ~= '' then redis.call('HSET', KEYS[1], 'last', end_id) end
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
   local remove_at = tonumber(meta[8] or '0')
   if remove_at > now and remove_at - now < tonumber(ARGV[5]) then

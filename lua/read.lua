@@ -12,15 +12,17 @@
 -- ARGV[2]  at most this many entries
 --
 -- Returns {exists (0|1), length, entries_added, max_deleted_id, last_generated_id,
---          first_id, entries, tail, status, error, end_id}
+--          first_id, entries, tail, status, error, end_id, last}
 --   first_id  the oldest retained entry's id, "" when the log is empty
 --   entries   XRANGE replies: {id, {field, value, ...}}
 --   tail      the newest entry when nothing was found after ARGV[1] (tells a cursor at
 --             or past an END from one waiting at a live tail), else ""
---   status, error, end_id  the run record's status and END when the log is missing
+--   status, error, end_id, last  the run record's status, END and last event id when
+--             the log is missing (a reader before `last` missed events: a gap)
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  local record = redis.call('HMGET', KEYS[1], 'status', 'err', 'end_id')
-  return {0, 0, 0, '', '', '', {}, '', record[1] or '', record[2] or '', record[3] or ''}
+  local record = redis.call('HMGET', KEYS[1], 'status', 'err', 'end_id', 'last')
+  return {0, 0, 0, '', '', '', {}, '', record[1] or '', record[2] or '', record[3] or '',
+    record[4] or ''}
 end
 local info = redis.call('XINFO', 'STREAM', KEYS[2])
 local field = {}
@@ -38,4 +40,4 @@ if #entries == 0 then
 end
 local first = field['first-entry']
 return {1, field['length'], field['entries-added'], field['max-deleted-entry-id'],
-  field['last-generated-id'], first and first[1] or '', entries, tail, '', '', ''}
+  field['last-generated-id'], first and first[1] or '', entries, tail, '', '', '', ''}

@@ -326,3 +326,24 @@ async def test_losing_the_run_record_cannot_switch_gap_detection_off(
             async with reading(bridge, run_id, ids[6]) as it:
                 first = await anext(it)
             assert isinstance(first, StreamEvent) and first.id == ids[7]
+
+
+async def test_a_cursor_into_a_removed_log_gets_a_gap_and_at_its_end_the_end(
+    make_bridge: BridgeFactory,
+) -> None:
+    async with make_bridge() as bridge:
+        live, ended = new_run_id(), new_run_id()
+        _, live_ids = await started(bridge, live, 3)
+        token, ended_ids = await started(bridge, ended, 3)
+        end = await bridge.publish_end(ended, "success", producer_token=token)
+        for run_id in (live, ended):
+            await bridge.cleanup(run_id)
+        with anyio.fail_after(TIMEOUT):
+            for run_id, ids in ((live, live_ids), (ended, ended_ids)):
+                async with reading(bridge, run_id, ids[0], heartbeat=0.2) as it:
+                    assert await until_terminal(it) == [
+                        StreamGap(ids[0], None, None, "stream_removed")
+                    ]
+            # A reader that had every event of the ended run learns how it ended.
+            async with reading(bridge, ended, ended_ids[-1]) as it:
+                assert await until_terminal(it) == [End("success", None, end.id)]

@@ -189,6 +189,7 @@ class _Run:
     end_id: str | None = None
     end_by: str | None = None  # the token that wrote the END ("-": a recovery END)
     last_key: EventKey = (0, -1)  # id clock: survives generations so ids never repeat
+    last_event: EventKey | None = None  # the newest event id handed out (not the END)
     gen: _Generation | None = None
     deadline: float = 0.0  # loop time at which the whole run expires
     expiry: asyncio.TimerHandle | None = None
@@ -293,6 +294,7 @@ class MemoryStreamBridge:
             ids.append(format_key(key))
             gen.events.append(StreamEvent(ids[-1], name, payload))
             gen.keys.append(key)
+        run.last_event = run.last_key
         self._evict(gen)
         self._wake_soon(gen)
         now = self._clock()
@@ -427,6 +429,10 @@ class MemoryStreamBridge:
                     if run is not None and run.gen is not None:
                         gen = run.gen  # first log of a run that had none when we came
                         continue
+                    if run is not None and rules.missed_removed(delivered, run.last_event):
+                        # The log this cursor points into is gone: events were missed.
+                        yield [rules.removed(delivered, "stream_removed")]
+                        return
                     if run is not None and run.status != "running":
                         # Log removed after END, or never written: say how it ended
                         # rather than wait forever.

@@ -560,6 +560,24 @@ class RedisStreamBridge:
     async def ping(self) -> None:
         await self._call(self._redis.ping, resend=False)  # readiness: no retry delay
 
+    async def eviction_policies(self) -> frozenset[str]:
+        """The `maxmemory-policy` of every Redis server holding runs (INFO, which
+        managed services allow where CONFIG is disabled). Only `noeviction` keeps the
+        contract free of evictions; under any other the floors still hold (readers get
+        gaps, never silent skips), but logs vanish."""
+        if isinstance(self._redis, RedisCluster):
+            cluster = self._redis
+            replies: Any = await self._call(
+                lambda: cluster.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            )
+            infos = list(replies.values()) if isinstance(replies, dict) else [replies]
+            if infos and not isinstance(infos[0], dict):  # one node: the info itself
+                infos = [replies]
+        else:
+            single = self._redis
+            infos = [await self._call(lambda: single.info("memory"))]
+        return frozenset(str(info.get("maxmemory_policy", "unknown")) for info in infos)
+
     async def ensure_scripts(self) -> int:
         """Readiness: load any of the bridge's Lua scripts Redis lacks; how many it loaded.
 
@@ -630,7 +648,9 @@ class _Reader:
         """What a direct read gives this reader: entries (maybe none yet), a terminal
         item, or the log's bounds when the reader is behind its floor (a gap)."""
         if not read.exists:
-            if self.seen_stream:
+            if self.seen_stream or (
+                self.checked and rules.missed_removed(self.position, read.last_event)
+            ):
                 return [rules.removed(self.position, "stream_removed")]
             if read.status and read.status != "running":
                 # The log of an ended run is gone (or was never written) but its record

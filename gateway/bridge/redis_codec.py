@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..cursor import parse_cursor
+from ..cursor import EventKey, parse_cursor
 from ..values import End, StreamEvent
 from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT
 from .rules import Bounds, predecessor
@@ -73,9 +73,10 @@ def decode_entries(raw: Sequence[Any]) -> list[Entry]:
 class LogRead:
     """One `read.lua` reply: the entries after a position and the log's boundaries.
 
-    `bounds` is None when the log does not exist; `status`, `error` and `end_id` are
-    then the run record's ("running" while it runs, "" when there is no record). `tail`
-    is the newest entry when nothing followed the position.
+    `bounds` is None when the log does not exist; `status`, `error`, `end_id` and
+    `last_event` (the last event id the run handed out) are then the run record's
+    ("running" while it runs, "" when there is no record). `tail` is the newest entry
+    when nothing followed the position.
     """
 
     exists: bool
@@ -85,6 +86,7 @@ class LogRead:
     status: str
     error: Any
     end_id: str | None
+    last_event: EventKey | None
 
     def tail_end(self) -> End | None:
         return self.tail if isinstance(self.tail, End) else None
@@ -113,7 +115,8 @@ def log_bounds(
 
 
 def parse_read(reply: Sequence[Any]) -> LogRead:
-    exists, length, added, max_deleted, last_generated, first, raw, tail, status, error, end = reply
+    exists, length, added, max_deleted, last_generated, first, raw, tail = reply[:8]
+    status, error, end, last = reply[8:]
     if not exists:
         return LogRead(
             exists=False,
@@ -123,6 +126,7 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
             status=text(status),
             error=orjson.loads(error) if error else None,
             end_id=text(end) or None,
+            last_event=parse_cursor(text(last)) if last else None,
         )
     bounds = log_bounds(
         int(length), int(added), text(max_deleted), text(last_generated), text(first)
@@ -136,4 +140,5 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
         status="",
         error=None,
         end_id=None,
+        last_event=None,
     )

@@ -86,6 +86,14 @@ def missed_events(position: EventKey | None, bounds: Bounds) -> bool:
     return position is not None and bounds.floor is not None and position < bounds.floor
 
 
+def missed_removed(position: EventKey | None, last_event: EventKey | None) -> bool:
+    """Whether a reader at `position` missed events of a log that is gone entirely
+    (`last_event`: the last event id the run handed out). A reader at that id, or with
+    no position, has missed nothing: it waits for a new log, or learns how the run ended.
+    """
+    return position is not None and last_event is not None and position < last_event
+
+
 def gap(position: EventKey | None, bounds: Bounds) -> StreamGap:
     """The gap for a reader at `position` that `missed_events` found behind the floor."""
     reason: GapReason = "trimmed" if bounds.trimmed else "stream_removed"
