@@ -140,10 +140,16 @@ def _notification_client(commands: RedisClient, settings: Settings) -> Callable[
     """A factory of the one pub/sub connection: to the server, or to any cluster node."""
     url = settings.redis_url
     assert url is not None
-    # It waits for messages indefinitely by design; only connecting is bounded.
-    connect_timeout = settings.redis_connect_timeout_seconds
+    # It waits for messages indefinitely by design; only connecting is bounded. redis-py's
+    # own reconnect-and-resubscribe is off: `Notifier.run` reconnects itself, so that it
+    # knows to subscribe every live feed and to mark them stale (notifications may have
+    # been lost meanwhile).
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+        "retry": _no_retry(),
+    }
     if isinstance(commands, Redis):
-        return lambda: Redis.from_url(url, socket_connect_timeout=connect_timeout)
+        return lambda: Redis.from_url(url, **options)
     scheme, _, rest = url.partition("://")
     parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
     userinfo = parts.netloc.rpartition("@")[0]
@@ -153,7 +159,7 @@ def _notification_client(commands: RedisClient, settings: Settings) -> Callable[
         node = nodes[int(time.monotonic() * 1000) % len(nodes)]  # rotate across reconnects
         netloc = f"{userinfo}@{node.host}:{node.port}" if userinfo else f"{node.host}:{node.port}"
         address = parts._replace(netloc=netloc, query="").geturl()
-        return Redis.from_url(address, socket_connect_timeout=connect_timeout)
+        return Redis.from_url(address, **options)
 
     return any_node
 

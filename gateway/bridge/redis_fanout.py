@@ -49,6 +49,8 @@ SHARED_READS = 8  # direct-read results a feed keeps (by position) until its nex
 # (its TTL expired), and a storm of reconnects is over well within it.
 SHARED_READ_SECONDS = 1.0
 NOTIFIER_CHANNEL = "gateway:notifier"
+# A feed whose SUBSCRIBE failed (the connection was down) is subscribed again within this.
+RETRY_SUBSCRIBE_SECONDS = 0.5
 
 
 class RunFeed:
@@ -214,6 +216,7 @@ class Notifier:
         self._on_reconnect = on_reconnect  # told each time the connection is re-established
         self._feeds: dict[str, RunFeed] = {}
         self._pubsub: Any = None
+        self._deferred: set[str] = set()  # feeds whose SUBSCRIBE failed: retried by `run`
         self._closed = False
 
     @asynccontextmanager
@@ -241,7 +244,10 @@ class Notifier:
         try:
             await self._pubsub.subscribe(channel)
         except (redis_errors.RedisError, OSError):
-            log.debug("subscribe to %s deferred to the next reconnect", channel)
+            # The connection is down (redis-py may be reconnecting it by itself, and then
+            # re-subscribes only what it knew): the listener subscribes it shortly.
+            self._deferred.add(channel)
+            log.debug("subscribe to %s deferred", channel)
 
     async def _unsubscribe(self, channel: str) -> None:
         if self._pubsub is None:
@@ -268,6 +274,7 @@ class Notifier:
                 late = [channel for channel in self._feeds if channel not in channels]
                 if late:
                     await pubsub.subscribe(*late)
+                self._deferred.clear()  # every live feed is subscribed now
                 for feed in list(self._feeds.values()):
                     feed.mark_stale()  # whatever happened while we were away
                 if connected_before and self._on_reconnect is not None:
@@ -278,7 +285,9 @@ class Notifier:
                     task_status.started()
                 backoff = 0.05
                 while True:
-                    message = await pubsub.get_message(timeout=None)
+                    message = await pubsub.get_message(timeout=RETRY_SUBSCRIBE_SECONDS)
+                    if self._deferred:
+                        await self._subscribe_deferred(pubsub)
                     if message is None:
                         continue
                     changed = self._feeds.get(text(message["channel"]))
@@ -299,6 +308,19 @@ class Notifier:
                 task_status.started()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
+
+    async def _subscribe_deferred(self, pubsub: Any) -> None:
+        channels = [channel for channel in self._deferred if channel in self._feeds]
+        self._deferred.clear()
+        if not channels:
+            return
+        try:
+            await pubsub.subscribe(*channels)
+        except BaseException:
+            self._deferred.update(channels)
+            raise
+        for channel in channels:
+            self._feeds[channel].mark_stale()  # notifications may have been missed
 
     def close(self) -> None:
         """Wake every subscriber so it notices the bridge is closed."""
