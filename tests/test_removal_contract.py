@@ -1,9 +1,9 @@
 """Removal, eviction and the rules both backends must answer alike (docs/bridge.md).
 
-Every test runs on the memory bridge and on a real Redis (the `make_bridge` fixture);
-Redis-only ones skip on memory. The promise under test: a reader's events are always a
-contiguous run of the log followed by END or a gap, ids never repeat within a run, and
-the same input gets the same answer on both backends.
+Every test runs on the memory bridge, on a real Redis and on a real Redis Cluster (this
+module's `make_bridge`); Redis-only ones skip on memory. The promise under test: a
+reader's events are always a contiguous run of the log followed by END or a gap, ids
+never repeat within a run, and the same input gets the same answer on both backends.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from uuid import uuid4
 
 import anyio
 import pytest
-from redis.asyncio import Redis
 
 from gateway.bridge.base import StreamBridge
 from gateway.bridge.keys import run_keys
@@ -25,6 +24,19 @@ from gateway.values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from tests.conftest import BridgeFactory
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+def make_bridge(request: pytest.FixtureRequest, key_prefix: str) -> BridgeFactory:
+    if request.param == "memory":
+        return BridgeFactory("memory", None, key_prefix)
+    if request.param == "redis":
+        return BridgeFactory("redis", request.getfixturevalue("redis_url"), key_prefix)
+    cluster = request.getfixturevalue("redis_cluster")
+    return BridgeFactory(
+        "redis", cluster.url.replace("redis://", "redis+cluster://", 1), key_prefix
+    )
+
 
 TIMEOUT = 15.0
 
@@ -300,24 +312,21 @@ async def test_a_cursor_past_the_newest_id_waits_for_the_end_only(
 # ---------------------------------------------------------------- Redis: state in the stream
 
 
-def _redis_only(make_bridge: BridgeFactory) -> str:
+def _redis_only(make_bridge: BridgeFactory) -> None:
     if make_bridge.backend != "redis":
         pytest.skip("Redis-only: the state lives in two Redis keys")
-    assert make_bridge.redis_url is not None
-    return make_bridge.redis_url
 
 
 async def test_losing_the_run_record_cannot_switch_gap_detection_off(
     make_bridge: BridgeFactory,
 ) -> None:
-    url = _redis_only(make_bridge)
+    _redis_only(make_bridge)
     async with make_bridge(max_events_per_run=5) as bridge:
         run_id = new_run_id()
         _, ids = await started(bridge, run_id, 12)
         info = await bridge.get_run(run_id)
         assert info is not None and info.first_event_id == ids[7]
-        async with Redis.from_url(url) as raw:
-            await raw.delete(run_keys(make_bridge.key_prefix, run_id).meta)  # "evicted"
+        await bridge.client.delete(run_keys(make_bridge.key_prefix, run_id).meta)  # "evicted"
         with anyio.fail_after(TIMEOUT):
             async with reading(bridge, run_id, ids[2]) as it:
                 gap = await anext(it)
