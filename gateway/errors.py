@@ -6,6 +6,7 @@ GatewayError
 ├── RunNotFound             no record of the run
 ├── ProducerFenced          stale/wrong producer token or expired lease
 ├── RunOwned                claim refused: a live lease is held elsewhere
+├── SessionMismatch         claim naming a session the run is not in (409)
 ├── StreamEnded             write after END (or claim of an ended run)
 ├── SequenceRefused         a numbered batch that cannot be applied as numbered (409)
 │   ├── SequenceGap         it starts past the next expected number
@@ -49,6 +50,17 @@ class ProducerFenced(GatewayError):
 
 class RunOwned(GatewayError):
     code = "run_owned"
+
+
+class SessionMismatch(GatewayError):
+    """A claim named a session the run does not belong to (a run's session is fixed)."""
+
+    code = "session_mismatch"
+
+    @classmethod
+    def of(cls, run_id: str, current: str | None) -> SessionMismatch:
+        where = f"session {current!r}" if current else "no session"
+        return cls(f"run {run_id} belongs to {where}; a claim cannot move it")
 
 
 class StreamEnded(GatewayError):

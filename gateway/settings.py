@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     redis_key_prefix: str = "gw:"
     redis_max_connections: int = Field(64, ge=2)
+    # Every Redis operation of the bridge, retries included, answers within this (or
+    # fails as unavailable: 503 to writers, an `unavailable` frame to readers).
+    redis_command_timeout_seconds: float = Field(5.0, gt=0)
+    redis_connect_timeout_seconds: float = Field(2.0, gt=0)
     # Newest entries of each run kept in process for its local subscribers (Redis).
     fanout_window_events: int = Field(1_024, ge=16)
 
@@ -91,6 +95,8 @@ class Settings(BaseSettings):
         "heartbeat_interval_seconds",
         "lease_seconds",
         "sse_send_timeout_seconds",
+        "redis_command_timeout_seconds",
+        "redis_connect_timeout_seconds",
     )
     @classmethod
     def _finite(cls, value: float) -> float:

@@ -106,9 +106,12 @@ class PublishResult:
 
 @dataclass(frozen=True, slots=True)
 class EndResult:
-    id: str | None  # None only for a recovery END that found no stream (a no-op)
+    # None for a recovery END that wrote no log entry: either the run had no log (its
+    # record alone is marked ended, `applied`) or nothing is known of it (a no-op).
+    id: str | None
     deduplicated: bool
     session_id: str | None = None
+    applied: bool = True
     # True when this call ran the legacy END scan of the retained window (Redis only,
     # `legacy_end_scan_enabled` and a non-END tail); it cost O(retained bytes) in Redis.
     legacy_scanned: bool = False

@@ -10,6 +10,7 @@
 -- Returns {"ok", epoch, lease_until_ms, session_id_or_""}
 --       | {"owned", lease_until_ms}      a live lease is held and ARGV[3] is "0"
 --       | {"ended", status}              the run already has an END
+--       | {"session", session_id_or_""}  ARGV[4] names a session the run is not in
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
@@ -21,6 +22,11 @@ end
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 if tail and tail[2][1] == 'end' then
   return {'ended', tail[2][2]}
+end
+
+-- A run's session is fixed by its first claim: a later claim may repeat it or omit it.
+if meta[2] and ARGV[4] ~= '' and (meta[5] or '') ~= ARGV[4] then
+  return {'session', meta[5] or ''}
 end
 
 local lease_until = tonumber(meta[3] or '0')

@@ -14,6 +14,12 @@
 -- Every publish renews the lease by the length the producer claimed it for, and
 -- PUBLISHes on the channel named like the log key so following gateways wake.
 --
+-- The log's floor (every event with a larger id is retained) lives in the stream itself,
+-- as its max-deleted-entry-id (XSETID ... MAXDELETEDID): trimming sets it to the newest
+-- trimmed id, and a log recreated after a removal starts with it at the last id the run
+-- had handed out (`last` in the record), with ids above that. It vanishes only with the
+-- stream, so readers can always tell what they missed.
+--
 -- Returns {"ok", cancel_requested (0|1), session_id_or_"", id, id, ...}
 --       | {"duplicate", cancel_requested (0|1), session_id_or_"", "id id ..."}
 --       | {"sequence_gap" | "sequence_conflict", next_expected_seq}
@@ -23,7 +29,7 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
-  'session')
+  'session', 'last', 'remove_at')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -46,48 +52,73 @@ end
 -- seq_ids (the first number and the ids of the last applied batch). A retry of that
 -- batch gets its ids back and writes nothing; a batch past seq_next is a gap; any other
 -- overlap is a conflict.
-local seq = tonumber(ARGV[4])
+local batch_seq = tonumber(ARGV[4])
 local count = (#ARGV - 4) / 2
-if seq then
+if batch_seq then
   local s = redis.call('HMGET', KEYS[1], 'seq_tok', 'seq_next', 'seq_first', 'seq_ids')
   local mine = s[1] == ARGV[1]
   local expected = mine and tonumber(s[2]) or 1
-  if seq > expected then
+  if batch_seq > expected then
     return {'sequence_gap', expected}
   end
-  if seq < expected then
-    if mine and seq == tonumber(s[3]) and seq + count == expected then
+  if batch_seq < expected then
+    if mine and batch_seq == tonumber(s[3]) and batch_seq + count == expected then
       return {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or '', s[4]}
     end
     return {'sequence_conflict', expected}
   end
 end
 
-local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
-for i = 5, #ARGV, 2 do
-  reply[#reply + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
+-- No log but the run handed out ids before: it was removed under a live producer.
+local floor = nil
+local next_id = '*'
+if not tail and meta[7] then
+  floor = meta[7]
+  local ms, seq = string.match(floor, '^(%d+)-(%d+)$')
+  ms, seq = tonumber(ms), tonumber(seq)
+  if now > ms then
+    next_id = string.format('%d-0', now)
+  else
+    next_id = string.format('%d-%d', ms, seq + 1)
+  end
 end
 
-if seq then
-  redis.call('HSET', KEYS[1], 'seq_tok', ARGV[1], 'seq_next', string.format('%d', seq + count),
+local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
+for i = 5, #ARGV, 2 do
+  reply[#reply + 1] = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
+  next_id = '*'
+end
+local last = reply[#reply]
+
+if batch_seq then
+  redis.call('HSET', KEYS[1], 'seq_tok', ARGV[1],
+    'seq_next', string.format('%d', batch_seq + count),
     'seq_first', ARGV[4], 'seq_ids', table.concat(reply, ' ', 4))
 end
 
--- Keep the exact last trimmed id: Redis 7 does not track trimming, and a reader whose
--- cursor is exactly that id has missed nothing.
 local maxlen = tonumber(ARGV[2])
 local excess = redis.call('XLEN', KEYS[2]) - maxlen
 if excess > 0 then
   local victims = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', excess)
   redis.call('XTRIM', KEYS[2], 'MAXLEN', maxlen)
-  redis.call('HSET', KEYS[1], 'trimmed', victims[#victims][1])
+  floor = victims[#victims][1]
+end
+if floor then
+  redis.call('XSETID', KEYS[2], last, 'MAXDELETEDID', floor)
 end
 
 redis.call('HSET', KEYS[1],
   'lease_until', string.format('%d', now + tonumber(meta[5])),
-  'updated', string.format('%d', now))
+  'updated', string.format('%d', now), 'last', last)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+-- A removal scheduled with cleanup(delay) is not put off by later writes.
+local remove_at = tonumber(meta[8] or '0')
+if remove_at > now then
+  redis.call('PEXPIRE', KEYS[2], remove_at - now)
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  if remove_at > 0 then redis.call('HDEL', KEYS[1], 'remove_at') end
+end
 -- Wake the gateways following this run (the channel is the log key's name).
 redis.call('PUBLISH', KEYS[2], '')
 return reply

@@ -1,11 +1,11 @@
 -- publish_end.lua: append the END entry of a run log, at most once.
 --
 -- Token check first (or, for an unowned recovery END, a check that the lease has
--- expired); then the tail: an END there makes this an idempotent success. With the
--- legacy scan on, a non-END tail triggers a scan of the whole retained window for an
--- older END (left by an unfenced legacy writer, possibly followed by events): that
--- costs O(retained bytes) and blocks Redis while it runs. With it off, END
--- publication is tail-only.
+-- expired); then the tail: an END there makes this an idempotent success for the
+-- writer of that END (anyone else's token is fenced). With the legacy scan on, a
+-- non-END tail triggers a scan of the whole retained window for an older END (left by
+-- an unfenced legacy writer, possibly followed by events): that costs O(retained
+-- bytes) and blocks Redis while it runs. With it off, END publication is tail-only.
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  producer token, "" for an unowned recovery END
@@ -15,45 +15,75 @@
 -- ARGV[5]  how long the finished log stays readable, ms
 -- ARGV[6]  TTL of the run record after END, ms
 --
+-- The record keeps the END (status, id, error, and who wrote it: `end_by`, the token,
+-- "-" for a recovery END, "?" for an END found in the log), so readers learn how a run ended after its log is gone.
+--
 -- Returns {"ok", end_id, deduplicated (0|1), session_id_or_"", scanned (0|1)}
 --         scanned is 1 when this call ran the legacy scan of the retained window
---       | {"noop"}                         recovery END on a missing stream: nothing created
---       | {"fenced", "token" | "lease_expired" | "lease_live"}
+--       | {"noop"}                 recovery END on a missing stream and no run record
+--       | {"recorded", session}    recovery END of a run that never wrote a log: only
+--                                  the record is marked, no log is created
+--       | {"fenced", "token" | "lease_expired" | "lease_live" | "ended_by_another"}
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id', 'session')
+local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id', 'session',
+  'last', 'end_by', 'remove_at')
 local session = meta[5] or ''
 local lease_until = tonumber(meta[2] or '0')
 local exists = redis.call('EXISTS', KEYS[2]) == 1
+local writer = ARGV[1] == '' and '-' or ARGV[1]
+
+local function settle(end_id, status, by)
+  redis.call('HSET', KEYS[1], 'status', status, 'end_id', end_id,
+    'updated', string.format('%d', now), 'lease_until', '0', 'end_by', by)
+  if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[3]) end
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  local remove_at = tonumber(meta[8] or '0')
+  if remove_at > now and remove_at - now < tonumber(ARGV[5]) then
+    redis.call('PEXPIRE', KEYS[2], remove_at - now)
+  else
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  end
+end
+
+-- An END that is already there: the same writer repeating it is deduplicated; anyone
+-- else learns it was fenced (a producer whose lease lapsed and got the recovery END).
+local function repeated(end_id)
+  if ARGV[1] ~= '' and meta[7] and meta[7] ~= '?' and meta[7] ~= ARGV[1] then
+    return {'fenced', 'ended_by_another'}
+  end
+  return {'ok', end_id, 1, session, 0}
+end
 
 if ARGV[1] == '' then
-  if not exists then
-    return {'noop'}
-  end
   if meta[1] and lease_until > now then
     return {'fenced', 'lease_live'}
+  end
+  if not exists then
+    if meta[3] == 'running' then
+      -- Claimed, never published, lease gone: mark the record so its readers end.
+      settle('', ARGV[2], '-')
+      redis.call('PUBLISH', KEYS[2], '')
+      return {'recorded', session}
+    end
+    if not meta[3] then
+      return {'noop'}
+    end
   end
 elseif not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
 
-local function settle(end_id, status)
-  redis.call('HSET', KEYS[1], 'status', status, 'end_id', end_id,
-    'updated', string.format('%d', now), 'lease_until', '0')
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
-end
-
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 if tail and tail[2][1] == 'end' then
-  if meta[3] == 'running' or not meta[3] then settle(tail[1], tail[2][2]) end
-  return {'ok', tail[1], 1, session, 0}
+  if meta[3] == 'running' or not meta[3] then settle(tail[1], tail[2][2], '?') end
+  return repeated(tail[1])
 end
 if not tail and meta[3] and meta[3] ~= 'running' then
-  return {'ok', meta[4] or '', 1, session, 0}
+  return repeated(meta[4] or '')
 end
--- Repeating an END is idempotent even after the lease lapsed; a first END is not.
+-- A first END needs a live lease.
 if ARGV[1] ~= '' and lease_until <= now then
   return {'fenced', 'lease_expired'}
 end
@@ -66,7 +96,7 @@ if ARGV[4] == '1' and tail then
     local page = redis.call('XRANGE', KEYS[2], cursor, '+', 'COUNT', 512)
     for _, entry in ipairs(page) do
       if entry[2][1] == 'end' then
-        settle(entry[1], entry[2][2])
+        settle(entry[1], entry[2][2], '?')
         return {'ok', entry[1], 1, session, 1}
       end
     end
@@ -75,12 +105,28 @@ if ARGV[4] == '1' and tail then
   end
 end
 
+-- A log removed under a live owner is recreated above every id the run handed out.
+local next_id = '*'
+local floor = nil
+if not tail and meta[6] then
+  floor = meta[6]
+  local ms, seq = string.match(floor, '^(%d+)-(%d+)$')
+  ms, seq = tonumber(ms), tonumber(seq)
+  if now > ms then
+    next_id = string.format('%d-0', now)
+  else
+    next_id = string.format('%d-%d', ms, seq + 1)
+  end
+end
 local end_id
 if ARGV[3] ~= '' then
-  end_id = redis.call('XADD', KEYS[2], '*', 'end', ARGV[2], 'err', ARGV[3])
+  end_id = redis.call('XADD', KEYS[2], next_id, 'end', ARGV[2], 'err', ARGV[3])
 else
-  end_id = redis.call('XADD', KEYS[2], '*', 'end', ARGV[2])
+  end_id = redis.call('XADD', KEYS[2], next_id, 'end', ARGV[2])
 end
-settle(end_id, ARGV[2])
+if floor then
+  redis.call('XSETID', KEYS[2], end_id, 'MAXDELETEDID', floor)
+end
+settle(end_id, ARGV[2], writer)
 redis.call('PUBLISH', KEYS[2], '')  -- wake the gateways following this run
 return {'ok', end_id, 0, session, scanned}

@@ -1,19 +1,32 @@
 -- read.lua: one consistent read of a run log for a subscriber.
 --
--- The entries and the trim boundary are read atomically, so a reader can tell
--- "nothing after my cursor was trimmed" from "I fell out of the retained window".
+-- The entries and the log's boundaries are read atomically, so a reader can tell
+-- "nothing after my cursor was removed" from "I fell out of the retained window". The
+-- boundaries come from the stream's own metadata (XINFO STREAM), which trimming keeps
+-- and only the removal of the stream loses: the scripts record the log's floor as its
+-- max-deleted-entry-id (see publish.lua), and entries-added > length says the log
+-- dropped entries itself.
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  read entries after this id ("-" for from the start)
 -- ARGV[2]  at most this many entries
 --
--- Returns {exists (0|1), last_trimmed_id_or_"", entries, tail, status}
---   entries  XRANGE replies: {id, {field, value, ...}}
---   tail     the newest entry when nothing was found after ARGV[1] (tells a cursor at
---            or past an END from one waiting at a live tail), else ""
---   status   the run record's status when the log is missing, else ""
-local exists = redis.call('EXISTS', KEYS[2])
-local trimmed = redis.call('HGET', KEYS[1], 'trimmed') or ''
+-- Returns {exists (0|1), length, entries_added, max_deleted_id, last_generated_id,
+--          first_id, entries, tail, status, error, end_id, last}
+--   first_id  the oldest retained entry's id, "" when the log is empty
+--   entries   XRANGE replies: {id, {field, value, ...}}
+--   tail      the newest entry when nothing was found after ARGV[1] (tells a cursor at
+--             or past an END from one waiting at a live tail), else ""
+--   status, error, end_id, last  the run record's status, END and last event id when
+--             the log is missing (a reader before `last` missed events: a gap)
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local record = redis.call('HMGET', KEYS[1], 'status', 'err', 'end_id', 'last')
+  return {0, 0, 0, '', '', '', {}, '', record[1] or '', record[2] or '', record[3] or '',
+    record[4] or ''}
+end
+local info = redis.call('XINFO', 'STREAM', KEYS[2])
+local field = {}
+for i = 1, #info, 2 do field[info[i]] = info[i + 1] end
 local entries = {}
 if ARGV[1] == '-' then
   entries = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', tonumber(ARGV[2]))
@@ -23,10 +36,8 @@ elseif ARGV[1] ~= '18446744073709551615-18446744073709551615' then
 end
 local tail = ''
 if #entries == 0 then
-  tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1] or ''
+  tail = field['last-entry'] or ''
 end
-local status = ''
-if exists == 0 then
-  status = redis.call('HGET', KEYS[1], 'status') or ''
-end
-return {exists, trimmed, entries, tail, status}
+local first = field['first-entry']
+return {1, field['length'], field['entries-added'], field['max-deleted-entry-id'],
+  field['last-generated-id'], first and first[1] or '', entries, tail, '', '', '', ''}

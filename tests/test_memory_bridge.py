@@ -33,6 +33,11 @@ REMOVED = StreamGap(None, None, None, "stream_removed")
 CLOSED = StreamGap(None, None, None, "bridge_closed")
 
 
+def removed_after(event_id: str, reason: str = "stream_removed") -> StreamGap:
+    """The gap of a reader whose log went away after it had `event_id` (the last one)."""
+    return StreamGap(event_id, None, None, reason)  # type: ignore[arg-type]
+
+
 class FakeClock:
     """A wall clock the test moves by hand (leases and ids read it)."""
 
@@ -321,13 +326,13 @@ async def test_cleanup_wakes_a_tailing_reader_with_an_empty_gap(bridge: MemorySt
     assert (await nxt(it)).id == published[0]  # type: ignore[union-attr]
     task = await parked(it)
     await bridge.cleanup("r")
-    assert await result(task) == REMOVED
+    assert await result(task) == removed_after(published[0])
     assert not await bridge.stream_exists("r")
 
 
 async def test_cleanup_mid_replay_gives_gap_but_a_fully_consumed_ended_run_gives_end() -> None:
     bridge = make()
-    token, _ = await started(bridge, "r", 3)
+    token, published = await started(bridge, "r", 3)
     end = await bridge.publish_end("r", "success", producer_token=token)
     midway = bridge.subscribe("r")
     await nxt(midway)
@@ -335,7 +340,7 @@ async def test_cleanup_mid_replay_gives_gap_but_a_fully_consumed_ended_run_gives
     for _ in range(3):
         await nxt(done)  # consumed every event, END not yet read
     await bridge.cleanup("r")
-    assert await nxt(midway) == REMOVED
+    assert await nxt(midway) == removed_after(published[0])
     assert await nxt(done) == End("success", None, end.id)
 
 
@@ -347,19 +352,19 @@ async def test_reader_that_captured_a_retired_generation_gets_a_gap() -> None:
     at_end = bridge.subscribe("r", published[-1])
     await bridge.cleanup("r")
     assert await drain(cursorless) == [REMOVED]
-    assert await drain(at_end) == [REMOVED]
+    assert await drain(at_end) == [removed_after(published[-1])]
     # A reader arriving after the log is gone learns how the run ended from its record.
     assert await drain(bridge.subscribe("r")) == [End("success", None, end.id)]
 
 
 async def test_readers_never_attach_to_a_recreated_stream(bridge: MemoryStreamBridge) -> None:
-    token, _ = await started(bridge, "r", 1)
+    token, published = await started(bridge, "r", 1)
     old = bridge.subscribe("r")
     await nxt(old)
     task = await parked(old)
     await bridge.cleanup("r")
     new_ids = (await bridge.publish("r", "e", "new", producer_token=token)).ids
-    assert await result(task) == REMOVED
+    assert await result(task) == removed_after(published[0])
     fresh = bridge.subscribe("r")
     item = await nxt(fresh)
     assert isinstance(item, StreamEvent) and item.id == new_ids[0] and item.value() == "new"
@@ -380,13 +385,13 @@ async def test_reader_of_unknown_run_attaches_to_its_first_generation() -> None:
 
 async def test_delayed_cleanup_runs_on_a_timer() -> None:
     bridge = make()
-    await started(bridge, "r", 1)
+    _, published = await started(bridge, "r", 1)
     it = bridge.subscribe("r")
     await nxt(it)
     task = await parked(it)
     await bridge.cleanup("r", delay=0.05)
     assert await bridge.stream_exists("r") and not task.done()
-    assert await result(task) == REMOVED
+    assert await result(task) == removed_after(published[0])
     assert not await bridge.stream_exists("r")
     # A pending delayed cleanup is cancelled by close, not left to fire later.
     await started(bridge, "s", 1)
@@ -394,13 +399,16 @@ async def test_delayed_cleanup_runs_on_a_timer() -> None:
     await bridge.close()
 
 
-async def test_ended_log_is_removed_after_ended_ttl() -> None:
+async def test_ended_log_is_removed_after_ended_ttl_and_its_record_kept() -> None:
     bridge = make(ended_ttl_seconds=0.05)
     token, _ = await started(bridge, "r", 1)
     await bridge.publish_end("r", "success", producer_token=token)
     assert await bridge.stream_exists("r")
     await asyncio.sleep(0.2)  # the TTL itself is under test
-    assert not await bridge.stream_exists("r") and await bridge.get_run("r") is None
+    assert not await bridge.stream_exists("r")
+    # As on Redis, the record outlives the log (at least the rolling TTL): how it ended.
+    info = await bridge.get_run("r")
+    assert info is not None and info.status == "success" and not info.log_exists
 
 
 # ---------------------------------------------------------------- close
@@ -408,7 +416,7 @@ async def test_ended_log_is_removed_after_ended_ttl() -> None:
 
 async def test_close_wakes_readers_and_refuses_everything_after() -> None:
     bridge = make()
-    token, _ = await started(bridge, "r", 1)
+    token, published = await started(bridge, "r", 1)
     tailing = bridge.subscribe("r")
     await nxt(tailing)
     tailing_task = await parked(tailing)
@@ -420,7 +428,7 @@ async def test_close_wakes_readers_and_refuses_everything_after() -> None:
     await nxt(consumed)
 
     await bridge.close()
-    assert await result(tailing_task) == CLOSED
+    assert await result(tailing_task) == removed_after(published[0], "bridge_closed")
     assert await result(waiting_task) == CLOSED
     assert await nxt(consumed) == End("success", None, end.id)
     assert await drain(bridge.subscribe("r")) == [CLOSED]

@@ -30,9 +30,16 @@ from typing import Any
 
 import orjson
 
-from ..cursor import EventKey, format_key, try_parse_cursor
-from ..errors import BridgeClosed, InvalidInput, ProducerFenced, RunOwned, StreamEnded
-from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..cursor import EventKey, format_key
+from ..errors import (
+    BridgeClosed,
+    InvalidInput,
+    ProducerFenced,
+    RunOwned,
+    SessionMismatch,
+    StreamEnded,
+)
+from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import Numbering, admit, check_seq
 from ..settings import Settings
 from ..values import (
@@ -49,8 +56,8 @@ from ..values import (
     StreamEvent,
     StreamGap,
     StreamItem,
-    encode_json,
 )
+from . import rules
 from .base import one_by_one
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
@@ -141,7 +148,10 @@ class _Generation:
     keys: list[EventKey] = field(default_factory=list)
     head: int = 0  # list index of the earliest retained event
     base: int = 0  # absolute position of events[0]
-    last_evicted: EventKey | None = None  # exact id of the newest evicted event
+    # Every event of the run with a larger id is retained (rules.Bounds): the newest
+    # evicted id, or for a log written after a removal the last id of the one before.
+    floor: EventKey | None = None
+    trimmed: bool = False  # this generation evicted events itself
     end: End | None = None
     retired: bool = False
     changed: _Signal = field(default_factory=lambda: _Signal())
@@ -178,7 +188,9 @@ class _Run:
     status: RunStatus = "running"
     error: Any = None
     end_id: str | None = None
+    end_by: str | None = None  # the token that wrote the END ("-": a recovery END)
     last_key: EventKey = (0, -1)  # id clock: survives generations so ids never repeat
+    last_event: EventKey | None = None  # the newest event id handed out (not the END)
     gen: _Generation | None = None
     numbering: Numbering | None = None  # numbered appends (see gateway.sequence)
     deadline: float = 0.0  # loop time at which the whole run expires
@@ -199,17 +211,6 @@ def _positive(value: float, what: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise InvalidInput(f"{what} must be finite and > 0")
     return float(value)
-
-
-def _encode(data: Any) -> bytes:
-    try:
-        return encode_json(data)
-    except TypeError as exc:  # orjson.JSONEncodeError: not representable as JSON
-        raise InvalidInput(f"data is not JSON-serialisable: {exc}") from None
-
-
-def _removed(reason: GapReason) -> StreamGap:
-    return StreamGap(None, None, None, reason)
 
 
 class MemoryStreamBridge:
@@ -246,6 +247,8 @@ class MemoryStreamBridge:
             self._runs[run_id] = run
         elif run.status != "running":
             raise StreamEnded(f"run {run_id} has ended")
+        elif session_id is not None and session_id != run.session_id:
+            raise SessionMismatch.of(run_id, run.session_id)
         elif now < run.lease_expires_at and not takeover:
             raise RunOwned(f"run {run_id} is owned by a live producer")
         run.epoch += 1
@@ -253,8 +256,6 @@ class MemoryStreamBridge:
         run.lease_seconds = lease
         run.lease_expires_at = now + lease
         run.updated_at = now
-        if run.session_id is None:
-            run.session_id = session_id
         self._touch(run, self._settings.stream_ttl_seconds)
         return Claim(run_id, run.session_id, run.token, run.epoch, run.lease_expires_at)
 
@@ -263,8 +264,6 @@ class MemoryStreamBridge:
     ) -> LeaseState:
         self._check_open()
         run = self._owned(run_id, producer_token)
-        if run.status != "running":
-            raise StreamEnded(f"run {run_id} has ended")
         if lease_seconds is not None:
             run.lease_seconds = self._lease(lease_seconds)
         now = self._clock()
@@ -297,12 +296,8 @@ class MemoryStreamBridge:
             check_seq(seq, len(events))
         # Validate and encode the whole batch before touching state: a batch is atomic, and
         # the encoded bytes are the detached copy readers get (payload isolation).
-        encoded = [(check_event_name(name), _encode(data)) for name, data in events]
-        run = self._owned(run_id, token)
-        gen = run.gen
-        # Tail check only (O(1)); the record also remembers an END whose log was removed.
-        if run.status != "running" or (gen is not None and gen.end is not None):
-            raise StreamEnded(f"run {run_id} has ended")
+        encoded = rules.encode_batch(events)
+        run = self._owned(run_id, token)  # (the END check is on the tail only: O(1))
         # -- numbered appends: the last check before writing, as in lua/publish.lua
         if seq is not None:
             repeat = admit(run.numbering, token, seq, len(encoded))
@@ -310,15 +305,15 @@ class MemoryStreamBridge:
                 return PublishResult(repeat, run.cancel_requested, run.session_id, True)
         # --
         ids: list[str] = []
-        if encoded:
-            gen = gen if gen is not None else self._new_generation(run)
-            for name, payload in encoded:
-                key = self._next_key(run)
-                ids.append(format_key(key))
-                gen.events.append(StreamEvent(ids[-1], name, payload))
-                gen.keys.append(key)
-            self._evict(gen)
-            self._wake_soon(gen)
+        gen = run.gen if run.gen is not None else self._new_generation(run)
+        for name, payload in encoded:
+            key = self._next_key(run)
+            ids.append(format_key(key))
+            gen.events.append(StreamEvent(ids[-1], name, payload))
+            gen.keys.append(key)
+        run.last_event = run.last_key
+        self._evict(gen)
+        self._wake_soon(gen)
         if seq is not None:
             run.numbering = Numbering(token, seq + len(ids), seq, tuple(ids))
         now = self._clock()
@@ -338,26 +333,52 @@ class MemoryStreamBridge:
         self._check_open()
         check_run_id(run_id)
         check_end_status(status)
-        error = orjson.loads(_encode(error))  # detached copy, like event payloads
+        error = orjson.loads(rules.encode_payload(error))  # a detached copy, like payloads
         # The ownership check comes first, as in the Redis script: the token, or for the
         # unowned recovery END the absence of a live lease.
         run = self._runs.get(run_id)
+        now = self._clock()
         if producer_token is not None:
-            run = self._owned(run_id, producer_token)
-        elif run is not None and self._clock() < run.lease_expires_at:
+            if run is None or not _same_token(run.token, producer_token):
+                raise ProducerFenced(f"producer token is not the current owner of run {run_id}")
+        elif run is not None and now < run.lease_expires_at:
             raise ProducerFenced(f"run {run_id} has a live producer")
-        if run is not None and run.status != "running":
-            return EndResult(run.end_id, True, run.session_id)  # one END per run, ever
-        if run is None or (run.gen is None and producer_token is None):
-            return EndResult(None, False)  # recovery END on a missing log creates nothing
+        if run is None:
+            return EndResult(None, False, applied=False)  # nothing known: nothing created
+        if run.status != "running":  # one END per run, ever
+            if producer_token is not None and run.end_by not in (None, producer_token):
+                # Somebody else ended it (the recovery END after this producer's lease
+                # lapsed): this producer was fenced, its END is not the run's.
+                raise ProducerFenced(f"run {run_id} was ended by another writer")
+            return EndResult(run.end_id, True, run.session_id)
+        if producer_token is None and run.gen is None:
+            # Claimed, never published, lease gone: only the record is marked (no log is
+            # created), and the readers waiting for a first event learn how it ended.
+            self._settle(run, status, error, None, "-")
+            pending = self._pending.get(run_id)
+            if pending is not None:
+                pending.created.fire()
+            return EndResult(None, False, run.session_id)
+        if producer_token is not None and now >= run.lease_expires_at:
+            raise ProducerFenced(f"producer lease of run {run_id} has expired")
         gen = run.gen if run.gen is not None else self._new_generation(run)
         end_id = format_key(self._next_key(run))
         gen.end = End(status, error, end_id)
-        run.status, run.error, run.end_id = status, error, end_id
-        run.updated_at = self._clock()
-        self._touch(run, self._settings.ended_ttl_seconds)  # finished logs stay readable
+        self._settle(run, status, error, end_id, producer_token or "-")
         self._wake_soon(gen)
         return EndResult(end_id, False, run.session_id)
+
+    def _settle(
+        self, run: _Run, status: EndStatus, error: Any, end_id: str | None, by: str
+    ) -> None:
+        run.status, run.error, run.end_id, run.end_by = status, error, end_id, by
+        run.lease_expires_at = 0.0  # as on Redis: the lease ends with the run
+        run.updated_at = self._clock()
+        # The finished log stays readable for ended_ttl; the record at least as long.
+        ended_ttl = self._settings.ended_ttl_seconds
+        if run.gen is not None:
+            self._later(ended_ttl, self._cleanup_now, run.run_id)
+        self._touch(run, max(ended_ttl, self._settings.stream_ttl_seconds))
 
     # ------------------------------------------------------------------ subscribers
 
@@ -385,10 +406,8 @@ class MemoryStreamBridge:
         limit: int | None,
     ) -> AsyncGenerator[Sequence[StreamItem], None]:
         check_run_id(run_id)
-        interval = (
-            self._settings.heartbeat_interval_seconds
-            if heartbeat_interval is None
-            else _positive(heartbeat_interval, "heartbeat_interval")
+        interval = rules.heartbeat_interval(
+            self._settings.heartbeat_interval_seconds, heartbeat_interval
         )
         # The generation is captured now, not at the first read: a reader whose generation
         # is retired before it reads must get a gap, never a recreated stream.
@@ -410,22 +429,39 @@ class MemoryStreamBridge:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + interval
+        start = rules.parse_start(cursor)
         pos: int | None = None  # absolute position of the next event to deliver
-        delivered: str | None = None  # id of the last event yielded (or the valid cursor)
+        # The last event delivered, or the valid cursor: what a gap reports as requested.
+        delivered: EventKey | None = start.key
+        # A valid cursor past every event so far: later events up to it are skipped, as
+        # an id-ordered read from the cursor would (the Redis bridge reads by id).
+        skip_to: EventKey | None = None
+        seen_record = False  # the run record was there (a reader waiting for a first log)
         pending: _Pending | None = None
         try:
             while True:
                 if self._closed:
-                    yield [self._final(gen, pos, "bridge_closed")]
+                    yield [self._final(gen, pos, delivered, "bridge_closed")]
                     return
                 if gen is None:
                     run = self._runs.get(run_id)
                     if run is not None and run.gen is not None:
                         gen = run.gen  # first log of a run that had none when we came
                         continue
+                    if run is not None and rules.missed_removed(delivered, run.last_event):
+                        # The log this cursor points into is gone: events were missed.
+                        yield [rules.removed(delivered, "stream_removed")]
+                        return
                     if run is not None and run.status != "running":
-                        # Log removed after END: say how it ended rather than wait forever.
+                        # Log removed after END, or never written: say how it ended
+                        # rather than wait forever.
                         yield [End(run.status, run.error, run.end_id)]
+                        return
+                    if run is not None:
+                        seen_record = True
+                    elif seen_record:
+                        # The record we waited on expired: waiting would be forever.
+                        yield [rules.removed(delivered, "stream_removed")]
                         return
                     if pending is None or pending.created.fired:
                         # (Re-)register: a set entry was for a generation already retired.
@@ -434,23 +470,26 @@ class MemoryStreamBridge:
                         pending.readers += 1
                     waiter = pending.created
                 elif gen.retired:
-                    yield [self._final(gen, pos, "stream_removed")]
+                    yield [self._final(gen, pos, delivered, "stream_removed")]
                     return
                 else:
                     if pos is None:
-                        start = self._position(gen, cursor)
-                        if isinstance(start, StreamGap):
-                            yield [start]
+                        first = self._position(gen, start)
+                        if isinstance(first, StreamGap):
+                            yield [first]
                             return
-                        pos = start
-                        if try_parse_cursor(cursor) is not None:
-                            delivered = cursor
+                        pos = first
+                        if start.key is not None and pos == gen.total:
+                            skip_to = start.key
                     index = pos - gen.base
                     if index < gen.head:  # overtaken by eviction while we were away
-                        retained = gen.retained()
-                        gap = StreamGap(delivered, _id(retained[0]), _id(retained[-1]), "trimmed")
-                        yield [gap]
+                        yield [rules.gap(delivered, self._bounds(gen))]
                         return
+                    if skip_to is not None and index < len(gen.events):
+                        skipped = bisect_right(gen.keys, skip_to, lo=index) - index
+                        pos, index = pos + skipped, index + skipped
+                        if index < len(gen.events):
+                            skip_to = None
                     stop = len(gen.events)
                     if limit is not None:
                         stop = min(stop, index + limit)
@@ -458,7 +497,7 @@ class MemoryStreamBridge:
                         # Slots from the head on are retained (never None).
                         batch: list[StreamItem] = gen.events[index:stop]  # type: ignore[assignment]
                         pos += len(batch)
-                        delivered = batch[-1].id  # type: ignore[union-attr]
+                        delivered = gen.keys[stop - 1]
                         if gen.end is not None and stop == len(gen.events):
                             batch.append(gen.end)  # the END comes with the last events
                             yield batch
@@ -489,23 +528,31 @@ class MemoryStreamBridge:
                 del self._pending[run_id]
 
     @staticmethod
-    def _position(gen: _Generation, cursor: str | None) -> int | StreamGap:
-        """Where a new reader starts, per the memory column of PROTOCOL 2.2."""
-        key = try_parse_cursor(cursor)
-        if key is None:  # none or malformed: everything retained
+    def _bounds(gen: _Generation) -> rules.Bounds:
+        retained = gen.retained()
+        first = _id(retained[0]) if retained else None
+        last = _id(retained[-1]) if retained else None
+        return rules.Bounds(gen.floor, gen.trimmed, first, last)
+
+    @classmethod
+    def _position(cls, gen: _Generation, start: rules.Start) -> int | StreamGap:
+        """Where a new reader starts (absolute position), or its gap (`rules`)."""
+        if start.key is None:  # none or malformed: everything retained
             return gen.base + gen.head
-        if gen.last_evicted is not None and key < gen.last_evicted:
-            retained = gen.retained()
-            return StreamGap(cursor, _id(retained[0]), _id(retained[-1]), "trimmed")
-        # key == last_evicted lands on the head: all successors, no gap.
-        return gen.base + bisect_right(gen.keys, key, lo=gen.head)
+        bounds = cls._bounds(gen)
+        if rules.missed_events(start.key, bounds):
+            return rules.gap(start.key, bounds)
+        # A cursor at the floor lands on the head: all successors, no gap.
+        return gen.base + bisect_right(gen.keys, start.key, lo=gen.head)
 
     @staticmethod
-    def _final(gen: _Generation | None, pos: int | None, reason: GapReason) -> StreamItem:
+    def _final(
+        gen: _Generation | None, pos: int | None, delivered: EventKey | None, reason: GapReason
+    ) -> StreamItem:
         """Terminal item for a reader whose generation went away (cleanup or close)."""
         if gen is not None and gen.end is not None and pos is not None and pos >= gen.total:
             return gen.end  # it had consumed everything: it still learns how the run ended
-        return _removed(reason)
+        return rules.removed(delivered, reason)
 
     # ------------------------------------------------------------------ run state
 
@@ -584,10 +631,16 @@ class MemoryStreamBridge:
         return min(_positive(seconds, "lease_seconds"), self._settings.max_lease_seconds)
 
     def _owned(self, run_id: str, token: str) -> _Run:
-        """The run, if `token` holds its live lease; the fencing check before any write."""
+        """The run, if `token` holds its lease; the fencing check before any write.
+
+        As in the Redis scripts: the token first, then an END (reported as such even to
+        an owner whose lease lapsed since), then the lease.
+        """
         run = self._runs.get(check_run_id(run_id))
-        if run is None or not secrets.compare_digest(run.token.encode(), token.encode()):
+        if run is None or not _same_token(run.token, token):
             raise ProducerFenced(f"producer token is not the current owner of run {run_id}")
+        if run.status != "running" or (run.gen is not None and run.gen.end is not None):
+            raise StreamEnded(f"run {run_id} has ended")
         if self._clock() >= run.lease_expires_at:
             raise ProducerFenced(f"producer lease of run {run_id} has expired")
         return run
@@ -601,6 +654,10 @@ class MemoryStreamBridge:
 
     def _new_generation(self, run: _Run) -> _Generation:
         run.gen = gen = _Generation()
+        if run.last_key != (0, -1):
+            # A log written after a removal: every reader before the removal point (the
+            # last id handed out) has missed events, and gets a gap.
+            gen.floor = run.last_key
         pending = self._pending.pop(run.run_id, None)
         if pending is not None:
             pending.created.fire()  # its readers now attach to this generation
@@ -613,7 +670,8 @@ class MemoryStreamBridge:
         for index in range(gen.head, gen.head + excess):
             gen.events[index] = None  # drop the payload now, the slot at compaction
         gen.head += excess
-        gen.last_evicted = gen.keys[gen.head - 1]
+        gen.floor = gen.keys[gen.head - 1]
+        gen.trimmed = True
         if gen.head >= _COMPACT_MIN and gen.head * 2 >= len(gen.events):
             del gen.events[: gen.head], gen.keys[: gen.head]
             gen.base += gen.head
@@ -709,6 +767,13 @@ class MemoryStreamBridge:
         run.expiry = None
         self._retire(run)
         del self._runs[run.run_id]
+        pending = self._pending.get(run.run_id)
+        if pending is not None:
+            pending.created.fire()  # readers waiting for a first log learn it is gone
+
+
+def _same_token(expected: str, given: str) -> bool:
+    return secrets.compare_digest(expected.encode(), given.encode())
 
 
 def _id(item: StreamEvent | None) -> str:

@@ -9,11 +9,14 @@ END detection and the append cannot interleave with another writer. Readers use
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import math
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
@@ -27,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
-from ..cursor import EventKey, MalformedCursor, format_key, parse_cursor
+from ..cursor import EventKey, format_key, parse_cursor
 from ..errors import (
     BackendUnavailable,
     BridgeClosed,
@@ -36,9 +39,10 @@ from ..errors import (
     RunOwned,
     SequenceConflict,
     SequenceGap,
+    SessionMismatch,
     StreamEnded,
 )
-from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import check_seq
 from ..settings import Settings
 from ..values import (
@@ -53,12 +57,15 @@ from ..values import (
     StreamEvent,
     StreamGap,
     StreamItem,
-    encode_json,
 )
+from . import rules
 from .base import one_by_one
-from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT, RunKeys, check_prefix, run_keys
-from .redis_fanout import Notifier
+from .keys import RunKeys, check_prefix, run_keys
+from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, ms, parse_read, text
+from .redis_fanout import Notifier, RunFeed
 from .scripts import ensure_loaded, lua_source
+
+log = logging.getLogger(__name__)
 
 RedisClient = Redis | RedisCluster
 T = TypeVar("T")
@@ -79,26 +86,9 @@ RETRIES: Final = 4
 RETRY_BACKOFF: Final = 0.05
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
-
-
-def _entry_item(entry_id: str, fields: list[bytes]) -> StreamEvent | End:
-    """Turn one stream entry into what a reader sees."""
-    if fields and fields[0] == FIELD_END:
-        error: Any = None
-        if len(fields) >= 4 and fields[2] == FIELD_ERROR:
-            error = orjson.loads(fields[3])
-        return End(status=_text(fields[1]), error=error, id=entry_id)  # type: ignore[arg-type]
-    if len(fields) == 4 and fields[0] == FIELD_EVENT and fields[2] == FIELD_DATA:
-        # The layout lua/publish.lua writes: no dict per entry on the replay hot path.
-        return StreamEvent(id=entry_id, event=fields[1].decode(), data=fields[3])
-    pairs = dict(zip(fields[::2], fields[1::2], strict=False))  # another writer's order
-    return StreamEvent(id=entry_id, event=_text(pairs[FIELD_EVENT]), data=pairs[FIELD_DATA])
+def _unavailable(what: str, exc: BaseException) -> BackendUnavailable:
+    log.info("%s: %s", what, exc)  # the details (with the address) stay in the log
+    return BackendUnavailable(f"{what} ({type(exc).__name__})")
 
 
 def _no_retry() -> Retry:
@@ -117,19 +107,34 @@ def _connect(settings: Settings) -> RedisClient:
     BackendUnavailable (HTTP 503): the write may or may not have been applied, and the
     producer can find out from the run's `last_event_id`. MOVED/ASK redirections are
     followed by the cluster client itself (the command was not run where it was refused).
+
+    Timeouts: connecting is bounded by `redis_connect_timeout_seconds`; every bridge
+    operation by `redis_command_timeout_seconds` (`_call`, with `asyncio.timeout`).
+    redis-py's own socket timeout stays off: it wraps each send in `asyncio.wait_for`,
+    which on Python 3.11 can drop a cancellation that arrives as the send completes, and
+    a response whose client went away must always be stoppable.
     """
     url = settings.redis_url
     assert url is not None
+    timeouts: dict[str, Any] = {
+        "socket_timeout": None,
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+    }
     scheme, sep, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
         return RedisCluster.from_url(
             f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}",
             max_connections=settings.redis_max_connections,
             retry=_no_retry(),
+            **timeouts,
         )
     # Waiting for a free connection is bounded: past it the caller sees BackendUnavailable.
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=settings.redis_max_connections, timeout=10, retry=_no_retry()
+        url,
+        max_connections=settings.redis_max_connections,
+        timeout=settings.redis_command_timeout_seconds,
+        retry=_no_retry(),
+        **timeouts,
     )
     return Redis(connection_pool=pool)
 
@@ -138,8 +143,16 @@ def _notification_client(commands: RedisClient, settings: Settings) -> Callable[
     """A factory of the one pub/sub connection: to the server, or to any cluster node."""
     url = settings.redis_url
     assert url is not None
+    # It waits for messages indefinitely by design; only connecting is bounded. redis-py's
+    # own reconnect-and-resubscribe is off: `Notifier.run` reconnects itself, so that it
+    # knows to subscribe every live feed and to mark them stale (notifications may have
+    # been lost meanwhile).
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+        "retry": _no_retry(),
+    }
     if isinstance(commands, Redis):
-        return lambda: Redis.from_url(url)
+        return lambda: Redis.from_url(url, **options)
     scheme, _, rest = url.partition("://")
     parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
     userinfo = parts.netloc.rpartition("@")[0]
@@ -148,7 +161,8 @@ def _notification_client(commands: RedisClient, settings: Settings) -> Callable[
         nodes = commands.get_nodes() or [commands.get_default_node()]
         node = nodes[int(time.monotonic() * 1000) % len(nodes)]  # rotate across reconnects
         netloc = f"{userinfo}@{node.host}:{node.port}" if userinfo else f"{node.host}:{node.port}"
-        return Redis.from_url(parts._replace(netloc=netloc, query="").geturl())
+        address = parts._replace(netloc=netloc, query="").geturl()
+        return Redis.from_url(address, **options)
 
     return any_node
 
@@ -167,7 +181,15 @@ class RedisStreamBridge:
         self._closed = False
         self._scripts: dict[str, AsyncScript] = {
             name: commands.register_script(lua_source(name))
-            for name in ("claim", "publish", "publish_end", "renew_lease", "read", "cancel")
+            for name in (
+                "claim",
+                "publish",
+                "publish_end",
+                "renew_lease",
+                "read",
+                "cancel",
+                "cleanup_later",
+            )
         }
         # Plain counters for the HTTP layer's metrics (the bridge imports no metrics code).
         self.notifier_reconnects = 0
@@ -192,7 +214,7 @@ class RedisStreamBridge:
             try:
                 await self._redis.initialize()  # learn the nodes before picking one to listen to
             except (*_BACKEND_ERRORS, redis_errors.RedisError) as exc:
-                raise BackendUnavailable(f"Redis Cluster is unavailable: {exc}") from exc
+                raise _unavailable("Redis Cluster is unavailable", exc) from exc
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         await self._task_group.start(self._notifier.run)
@@ -216,25 +238,36 @@ class RedisStreamBridge:
 
     async def _call(self, operation: Callable[[], Awaitable[T]], *, resend: bool = True) -> T:
         """Run one Redis operation, retried a few times; with `resend=False` only after a
-        refusal (the operation did not run), never after a connection failure."""
+        refusal (the operation did not run), never after a connection failure.
+
+        The whole call, retries included, is bounded by `redis_command_timeout_seconds`.
+        Errors name what failed, never the server's address (readers see them).
+        """
         attempt = 0
-        while True:
+        try:
+            async with asyncio.timeout(self._settings.redis_command_timeout_seconds):
+                while True:
+                    if self._closed:
+                        raise BridgeClosed("the bridge is closed")
+                    try:
+                        return await operation()
+                    except _REFUSED_ERRORS as exc:
+                        if attempt >= RETRIES:
+                            raise _unavailable("Redis refused the command", exc) from exc
+                    except _BACKEND_ERRORS as exc:
+                        if not resend or attempt >= RETRIES:
+                            raise _unavailable("Redis is unavailable", exc) from exc
+                    except redis_errors.RedisError as exc:
+                        if self._closed:
+                            raise BridgeClosed("the bridge is closed") from exc
+                        raise _unavailable("Redis error", exc) from exc
+                    await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
+                    attempt += 1
+        except TimeoutError as exc:
             if self._closed:
-                raise BridgeClosed("the bridge is closed")
-            try:
-                return await operation()
-            except _REFUSED_ERRORS as exc:
-                if attempt >= RETRIES:
-                    raise BackendUnavailable(f"Redis error: {exc}") from exc
-            except _BACKEND_ERRORS as exc:
-                if not resend or attempt >= RETRIES:
-                    raise BackendUnavailable(f"Redis is unavailable: {exc}") from exc
-            except redis_errors.RedisError as exc:
-                if self._closed:
-                    raise BridgeClosed("the bridge is closed") from exc
-                raise BackendUnavailable(f"Redis error: {exc}") from exc
-            await anyio.sleep(RETRY_BACKOFF * 2**attempt)
-            attempt += 1
+                raise BridgeClosed("the bridge is closed") from exc
+            seconds = self._settings.redis_command_timeout_seconds
+            raise BackendUnavailable(f"Redis did not answer within {seconds:g} s") from exc
 
     async def _script(self, name: str, keys: RunKeys, *args: bytes | str | int) -> Any:
         """A write script: never re-sent after it may have run (see `_connect`)."""
@@ -245,11 +278,11 @@ class RedisStreamBridge:
         seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
         if not math.isfinite(seconds) or seconds <= 0:
             raise InvalidInput("lease_seconds must be a positive number")
-        return _ms(min(seconds, self._settings.max_lease_seconds))
+        return ms(min(seconds, self._settings.max_lease_seconds))
 
     @property
     def _ttl_ms(self) -> int:
-        return _ms(self._settings.stream_ttl_seconds)
+        return ms(self._settings.stream_ttl_seconds)
 
     # -- producer side ----------------------------------------------------------
 
@@ -274,12 +307,14 @@ class RedisStreamBridge:
             session_id or "",
             self._ttl_ms,
         )
-        outcome = _text(reply[0])
+        outcome = text(reply[0])
         if outcome == "owned":
             raise RunOwned(f"run {run_id} has a live producer lease")
         if outcome == "ended":
-            raise StreamEnded(f"run {run_id} has ended ({_text(reply[1])})")
-        session = _text(reply[3]) or None
+            raise StreamEnded(f"run {run_id} has ended ({text(reply[1])})")
+        if outcome == "session":
+            raise SessionMismatch.of(run_id, text(reply[1]) or None)
+        session = text(reply[3]) or None
         return Claim(
             run_id=run_id,
             session_id=session,
@@ -289,9 +324,9 @@ class RedisStreamBridge:
         )
 
     def _raise_refusal(self, run_id: str, reply: list[Any]) -> None:
-        outcome = _text(reply[0])
+        outcome = text(reply[0])
         if outcome == "fenced":
-            raise ProducerFenced(f"producer token refused for run {run_id} ({_text(reply[1])})")
+            raise ProducerFenced(f"producer token refused for run {run_id} ({text(reply[1])})")
         if outcome == "ended":
             raise StreamEnded(f"run {run_id} has ended")
 
@@ -318,26 +353,24 @@ class RedisStreamBridge:
         seq: int | None = None,
     ) -> PublishResult:
         keys = self._keys(run_id)
-        if not events:
-            raise InvalidInput("a batch needs at least one event")
         args: list[bytes | str | int] = [
             producer_token,
             self._settings.max_events_per_run,
             self._ttl_ms,
             "" if seq is None else check_seq(seq, len(events)),
         ]
-        for name, data in events:
-            args.append(check_event_name(name))
-            args.append(encode_json(data))
+        for name, payload in rules.encode_batch(events):
+            args.append(name)
+            args.append(payload)
         reply = await self._script("publish", keys, *args)
         self._raise_refusal(run_id, reply)
         # -- numbered appends (see gateway.sequence)
-        outcome = _text(reply[0])
+        outcome = text(reply[0])
         if outcome == "duplicate":
             return PublishResult(
-                ids=tuple(_text(reply[3]).split(" ")),
+                ids=tuple(text(reply[3]).split(" ")),
                 cancel_requested=reply[1] == 1,
-                session_id=_text(reply[2]) or None,
+                session_id=text(reply[2]) or None,
                 duplicate=True,
             )
         if outcome == "sequence_gap":
@@ -354,9 +387,9 @@ class RedisStreamBridge:
             )
         # --
         return PublishResult(
-            ids=tuple(_text(entry_id) for entry_id in reply[3:]),
+            ids=tuple(text(entry_id) for entry_id in reply[3:]),
             cancel_requested=reply[1] == 1,
-            session_id=_text(reply[2]) or None,
+            session_id=text(reply[2]) or None,
         )
 
     async def publish_end(
@@ -369,24 +402,26 @@ class RedisStreamBridge:
     ) -> EndResult:
         keys = self._keys(run_id)
         check_end_status(status)
-        ended_ttl = _ms(self._settings.ended_ttl_seconds)
+        ended_ttl = ms(self._settings.ended_ttl_seconds)
         reply = await self._script(
             "publish_end",
             keys,
             producer_token or "",
             status,
-            b"" if error is None else encode_json(error),
+            b"" if error is None else rules.encode_payload(error),
             "1" if self._settings.legacy_end_scan_enabled else "0",
             ended_ttl,
             max(ended_ttl, self._ttl_ms),
         )
-        if _text(reply[0]) == "noop":
-            return EndResult(id=None, deduplicated=False)
+        if text(reply[0]) == "noop":
+            return EndResult(id=None, deduplicated=False, applied=False)
+        if text(reply[0]) == "recorded":
+            return EndResult(id=None, deduplicated=False, session_id=text(reply[1]) or None)
         self._raise_refusal(run_id, reply)
         return EndResult(
-            id=_text(reply[1]) or None,
+            id=text(reply[1]) or None,
             deduplicated=reply[2] == 1,
-            session_id=_text(reply[3]) or None,
+            session_id=text(reply[3]) or None,
             legacy_scanned=len(reply) > 4 and reply[4] == 1,
         )
 
@@ -398,7 +433,10 @@ class RedisStreamBridge:
     async def cleanup(self, run_id: str, delay: float = 0) -> None:
         keys = self._keys(run_id)
         if delay > 0:
-            await self._call(lambda: self._redis.pexpire(keys.log, _ms(delay)))
+            # The log expires then, and the record says when, so that later writes keep
+            # that expiry instead of refreshing the TTL (see publish.lua).
+            script = self._scripts["cleanup_later"]
+            await self._call(lambda: script(keys=list(keys.both), args=[ms(delay)]))
         else:
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
@@ -425,14 +463,14 @@ class RedisStreamBridge:
         meta_raw, length, head, tail = await self._call(fetch)
         if not meta_raw and not length:
             return None
-        meta = {_text(k): _text(v) for k, v in meta_raw.items()}
-        entries = [(_text(i), _flatten(f)) for i, f in tail]
+        meta = {text(k): text(v) for k, v in meta_raw.items()}
+        entries = [(text(i), flatten(f)) for i, f in tail]
         end_entry = None
-        if entries and _is_end(entries[0][1]):
-            end_entry = _entry_item(entries[0][0], entries[0][1])
+        if entries and is_end(entries[0][1]):
+            end_entry = entry_item(entries[0][0], entries[0][1])
             entries = entries[1:]
         retained = int(length) - (1 if end_entry else 0)
-        first = _text(head[0][0]) if head and retained > 0 else None
+        first = text(head[0][0]) if head and retained > 0 else None
         status = meta.get("status", "running")
         if end_entry is not None and status == "running":
             status = end_entry.status  # type: ignore[union-attr]
@@ -450,24 +488,24 @@ class RedisStreamBridge:
             epoch=int(meta.get("epoch", 0)),
             lease_expires_at=int(meta.get("lease_until", 0)) / 1000,
             log_exists=bool(length),
-            error=end_entry.error if isinstance(end_entry, End) else None,
+            error=end_entry.error if isinstance(end_entry, End) else _error_of(meta),
         )
 
-    async def _read_entries(self, keys: RunKeys, after: str) -> list[Any]:
-        """`_read`, with the entries turned into what readers see (shared, read-only)."""
-        exists, trimmed, entries, tail, status = await self._read(keys, after)
-        items = [_entry_item(_text(i), fields) for i, fields in entries]
-        end = _first_end(items)  # a legacy log may hold entries after an END
-        return [exists, trimmed, items if end is None else items[: end + 1], tail, status]
-
-    async def _read(self, keys: RunKeys, after: str) -> list[Any]:
+    async def _read(self, keys: RunKeys, after: str) -> LogRead:
+        """`read.lua`: the entries after `after` ("-": from the start) and the bounds."""
         script = self._scripts["read"]
         reply: list[Any] = await self._call(
             lambda: script(keys=list(keys.both), args=[after, READ_BATCH])
         )
-        return reply
+        return parse_read(reply)
 
-    async def _bounds(self, keys: RunKeys) -> tuple[str | None, str | None]:
+    async def _refresh(self, feed: RunFeed) -> None:
+        """Pull everything new since the feed's head into its window."""
+        async with feed.refreshing() as mine:
+            while mine and feed.take(await self._read(feed.keys, feed.head), READ_BATCH):
+                pass
+
+    async def _event_bounds(self, keys: RunKeys) -> tuple[str | None, str | None]:
         """The first and last retained event ids (the END entry is not an event)."""
 
         async def fetch() -> list[Any]:
@@ -477,15 +515,15 @@ class RedisStreamBridge:
                 return list(await pipe.execute())
 
         head, tail = await self._call(fetch)
-        events = [_text(i) for i, fields in tail if not _is_end(_flatten(fields))]
-        first = _text(head[0][0]) if head and not _is_end(_flatten(head[0][1])) else None
+        events = [text(i) for i, fields in tail if not is_end(flatten(fields))]
+        first = text(head[0][0]) if head and not is_end(flatten(head[0][1])) else None
         return first, (events[0] if events else None)
 
-    async def _tail(self, keys: RunKeys) -> tuple[str, list[bytes]] | None:
+    async def _tail(self, keys: RunKeys) -> Entry | None:
         reply: Any = await self._call(lambda: self._redis.xrevrange(keys.log, "+", "-", count=1))
         if not reply:
             return None
-        return _text(reply[0][0]), _flatten(reply[0][1])
+        return entry_item(text(reply[0][0]), flatten(reply[0][1]))
 
     def subscribe(
         self,
@@ -495,109 +533,87 @@ class RedisStreamBridge:
     ) -> AsyncIterator[StreamItem]:
         return one_by_one(self.subscribe_batches(run_id, last_event_id, heartbeat_interval))
 
-    async def subscribe_batches(
+    def subscribe_batches(
         self,
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
     ) -> AsyncGenerator[Sequence[StreamItem], None]:
-        keys = self._keys(run_id)
-        interval = (
-            self._settings.heartbeat_interval_seconds
-            if heartbeat_interval is None
-            else heartbeat_interval
+        keys = self._keys(run_id)  # input is checked now, as on the memory bridge
+        interval = rules.heartbeat_interval(
+            self._settings.heartbeat_interval_seconds, heartbeat_interval
         )
-        position = "-"  # delivered up to here; "-" is "nothing yet, from the earliest"
-        check_gap = False  # a reader without a cursor replays whatever is retained
+        return self._follow(keys, rules.parse_start(last_event_id), interval)
+
+    async def _follow(
+        self, keys: RunKeys, start: rules.Start, interval: float
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
+        """Replay from the start position, then follow the shared feed; see `_Reader`."""
         newest = await self._tail(keys)
-        if last_event_id is not None:
-            try:
-                position = format_key(parse_cursor(last_event_id))
-                check_gap = True
-            except MalformedCursor:
-                # Active stream: live tail only. Ended stream: replay through END.
-                if newest is not None and not _is_end(newest[1]):
-                    position = newest[0]
-        seen_stream = newest is not None
-        seen_record = False  # the run record (without a log yet) was there
-        caught_up = False  # reading Redis directly until we reach the shared window
-        idle_since = time.monotonic()
-        async with self._notifier.attach(keys, newest[0] if newest else "0-0") as feed:
+        reader = _Reader(start, newest)
+        tail_id = newest.id if newest is not None and newest.id else "0-0"
+        async with self._notifier.attach(keys, tail_id) as feed:
             while True:
                 if self._closed or feed.closed:
-                    yield [StreamGap(_requested(position), None, None, "bridge_closed")]
+                    yield [rules.removed(reader.position, "bridge_closed")]
                     return
                 try:
                     if feed.stale:
-                        await feed.refresh(self._read, _entry_item, READ_BATCH)
-                    window = feed.after(_position_key(position)) if caught_up else None
+                        await self._refresh(feed)
+                    window = reader.from_feed(feed)
                     if window is None:
-                        direct = await feed.read_shared(
-                            position, functools.partial(self._read_entries, keys, position)
-                        )
+                        window = await self._direct(keys, feed, reader)
                 except (BridgeClosed, BackendUnavailable):
                     if self._closed:
                         continue
                     raise
-                if window is None:
-                    exists, trimmed, entries, tail, status = direct
-                    if exists:
-                        seen_stream = True
-                    elif seen_stream:
-                        yield [StreamGap(_requested(position), None, None, "stream_removed")]
-                        return
-                    elif status and _text(status) != "running":
-                        # The log of an ended run is gone but its record remains.
-                        yield [End(status=_text(status))]  # type: ignore[arg-type]
-                        return
-                    elif status:
-                        seen_record = True  # claimed, nothing published yet
-                    elif seen_record:
-                        # The record we saw is gone too (Redis lost its data, or the
-                        # run expired): waiting would mean heartbeats forever.
-                        yield [StreamGap(_requested(position), None, None, "stream_removed")]
-                        return
-                    behind = check_gap and trimmed and position != "-"
-                    if behind and parse_cursor(position) < parse_cursor(_text(trimmed)):
-                        # Something after our position was trimmed before we read it.
-                        earliest, latest = await self._bounds(keys)
-                        yield [StreamGap(position, earliest, latest, "trimmed")]
-                        return
-                    if tail and _is_end(tail[1]):
-                        # The cursor is at or past the END entry: the run is over.
-                        yield [_entry_item(_text(tail[0]), tail[1])]
-                        return
-                    window = entries
-                    caught_up = not window
                 if window:
-                    # Reads and the feed both stop at a log's first END: only last here.
                     yield window
-                    last = window[-1]
-                    if isinstance(last, End):
-                        return
-                    position = last.id
-                    check_gap = True
-                    idle_since = time.monotonic()
+                    if reader.delivered(window):
+                        return  # a terminal item: the subscription is over
                     continue
                 if feed.removed:
-                    yield [StreamGap(_requested(position), None, None, "stream_removed")]
+                    yield [rules.removed(reader.position, "stream_removed")]
                     return
-                now = time.monotonic()
-                if now - idle_since >= interval:
-                    if now - feed.last_read >= interval:
-                        feed.mark_stale()  # a lost notification costs one interval at most
-                    if not seen_stream:
-                        caught_up = False  # no log yet: re-check the run record directly
+                heartbeat = reader.idle(feed, interval)
+                if heartbeat:
                     yield [HEARTBEAT]
-                    idle_since = time.monotonic()
-                    continue
-                if not feed.stale:
-                    await feed.wait(interval - (now - idle_since))
+                elif not feed.stale:
+                    await feed.wait(reader.wait_seconds(interval))
+
+    async def _direct(self, keys: RunKeys, feed: RunFeed, reader: _Reader) -> list[StreamItem]:
+        """Read Redis from the reader's own position (shared with readers at the same
+        position) and decide what it gets: entries, a terminal item, or nothing yet."""
+        after = reader.after
+        read = await feed.read_shared(after, functools.partial(self._read, keys, after))
+        decided = reader.decide(read)
+        if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
+            first, last = await self._event_bounds(keys)
+            return [rules.gap(reader.position, replace(decided, first=first, last=last))]
+        return decided
 
     # -- lifecycle --------------------------------------------------------------
 
     async def ping(self) -> None:
         await self._call(self._redis.ping, resend=False)  # readiness: no retry delay
+
+    async def eviction_policies(self) -> frozenset[str]:
+        """The `maxmemory-policy` of every Redis server holding runs (INFO, which
+        managed services allow where CONFIG is disabled). Only `noeviction` keeps the
+        contract free of evictions; under any other the floors still hold (readers get
+        gaps, never silent skips), but logs vanish."""
+        if isinstance(self._redis, RedisCluster):
+            cluster = self._redis
+            replies: Any = await self._call(
+                lambda: cluster.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            )
+            infos = list(replies.values()) if isinstance(replies, dict) else [replies]
+            if infos and not isinstance(infos[0], dict):  # one node: the info itself
+                infos = [replies]
+        else:
+            single = self._redis
+            infos = [await self._call(lambda: single.info("memory"))]
+        return frozenset(str(info.get("maxmemory_policy", "unknown")) for info in infos)
 
     async def ensure_scripts(self) -> int:
         """Readiness: load any of the bridge's Lua scripts Redis lacks; how many it loaded.
@@ -622,29 +638,101 @@ class RedisStreamBridge:
             pass
 
 
-def _first_end(items: Sequence[StreamEvent | End]) -> int | None:
-    for index, item in enumerate(items):
-        if isinstance(item, End):
-            return index
-    return None
+def _error_of(meta: dict[str, str]) -> Any:
+    raw = meta.get("err")
+    return orjson.loads(raw) if raw else None
 
 
-def _position_key(position: str) -> EventKey:
-    return (0, 0) if position == "-" else parse_cursor(position)
+class _Reader:
+    """Where one Redis subscription stands, and the decisions taken on each read.
 
+    The position rules themselves are `rules`'; this keeps the subscription's state:
+    - `position`: delivered up to here (None: nothing yet, replay from the earliest);
+      `checked`: whether it is a position the reader holds (a valid cursor or something
+      delivered), which is what can fall behind the log's floor;
+    - `seen_stream` / `seen_record`: the log, or the run record without a log, were
+      there once, so their disappearance is a removal, not "not written yet";
+    - `caught_up`: reading from the shared feed's window rather than from Redis.
+    """
 
-def _requested(position: str) -> str | None:
-    return None if position == "-" else position
+    __slots__ = ("caught_up", "checked", "idle_since", "position", "seen_record", "seen_stream")
 
+    def __init__(self, start: rules.Start, newest: Entry | None) -> None:
+        self.position: EventKey | None = start.key
+        self.checked = start.kind == "valid"
+        if start.kind == "malformed" and newest is not None and not isinstance(newest, End):
+            # Malformed cursor: an active stream is followed from its live tail only;
+            # an ended one is replayed through its END.
+            assert newest.id is not None
+            self.position = parse_cursor(newest.id)
+        self.seen_stream = newest is not None
+        self.seen_record = False
+        self.caught_up = False
+        self.idle_since = time.monotonic()
 
-def _is_end(fields: Sequence[bytes]) -> bool:
-    return bool(fields) and fields[0] == FIELD_END
+    @property
+    def after(self) -> str:
+        return "-" if self.position is None else format_key(self.position)
 
+    def from_feed(self, feed: RunFeed) -> list[StreamItem] | None:
+        """The feed window's entries after our position; None when we must read Redis."""
+        if not self.caught_up or feed.missing:
+            return None
+        window: list[StreamItem] | None = feed.after(self.position or (0, 0))  # type: ignore[assignment]
+        return window
 
-def _flatten(fields: Any) -> list[bytes]:
-    if isinstance(fields, dict):
-        flat: list[bytes] = []
-        for key, value in fields.items():
-            flat += [key, value]
-        return flat
-    return list(fields)
+    def decide(self, read: LogRead) -> list[StreamItem] | rules.Bounds:
+        """What a direct read gives this reader: entries (maybe none yet), a terminal
+        item, or the log's bounds when the reader is behind its floor (a gap)."""
+        if not read.exists:
+            if self.seen_stream or (
+                self.checked and rules.missed_removed(self.position, read.last_event)
+            ):
+                return [rules.removed(self.position, "stream_removed")]
+            if read.status and read.status != "running":
+                # The log of an ended run is gone (or was never written) but its record
+                # remains and says how it ended.
+                return [End(read.status, read.error, read.end_id)]  # type: ignore[arg-type]
+            if read.status:
+                self.seen_record = True  # claimed, nothing published yet
+            elif self.seen_record:
+                # The record we saw is gone too (the run expired, or Redis lost its
+                # data): waiting would mean heartbeats forever.
+                return [rules.removed(self.position, "stream_removed")]
+            return []
+        self.seen_stream = True
+        assert read.bounds is not None
+        if self.checked and rules.missed_events(self.position, read.bounds):
+            return read.bounds
+        if not read.entries:
+            end = read.tail_end()
+            if end is not None:
+                return [end]  # the cursor is at or past the END entry: the run is over
+            self.caught_up = True
+        return list(read.entries)
+
+    def delivered(self, window: Sequence[StreamItem]) -> bool:
+        """Advance past what was yielded; True when it ended the subscription."""
+        last = window[-1]
+        if isinstance(last, End | StreamGap):
+            return True
+        assert isinstance(last, StreamEvent)
+        self.position = parse_cursor(last.id)
+        self.checked = True
+        self.idle_since = time.monotonic()
+        return False
+
+    def idle(self, feed: RunFeed, interval: float) -> bool:
+        """Whether a heartbeat is due now (and re-arm the checks made once per interval)."""
+        now = time.monotonic()
+        if now - self.idle_since < interval:
+            return False
+        if now - feed.last_read >= interval:
+            feed.mark_stale()  # a lost notification costs one interval at most
+        if not self.seen_stream:
+            self.caught_up = False  # no log yet: re-check the run record directly
+        self.idle_since = time.monotonic()
+        return True
+
+    def wait_seconds(self, interval: float) -> float:
+        return interval - (time.monotonic() - self.idle_since)

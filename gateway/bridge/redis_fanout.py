@@ -35,20 +35,22 @@ from anyio.abc import TaskStatus
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from ..cursor import EventKey, parse_cursor
-from ..values import End, StreamEvent
+from ..cursor import EventKey, format_key, parse_cursor
+from ..values import End
 from .keys import RunKeys
+from .redis_codec import Entry, LogRead, text
+from .rules import missed_events
 
 log = logging.getLogger(__name__)
 
-Entry = StreamEvent | End
-ReadLog = Callable[[RunKeys, str], Awaitable[list[Any]]]
-ToEntry = Callable[[str, list[bytes]], Entry]
 T = TypeVar("T")
 SHARED_READS = 8  # direct-read results a feed keeps (by position) until its next change
 # ... and for no longer than this (seconds): a log can also vanish without a notification
 # (its TTL expired), and a storm of reconnects is over well within it.
 SHARED_READ_SECONDS = 1.0
+NOTIFIER_CHANNEL = "gateway:notifier"
+# A feed whose SUBSCRIBE failed (the connection was down) is subscribed again within this.
+RETRY_SUBSCRIBE_SECONDS = 0.5
 
 
 class RunFeed:
@@ -63,7 +65,8 @@ class RunFeed:
         self.items: list[Entry] = []
         self._window = window
         self.stale = True  # a change may be waiting in Redis
-        self.removed = False
+        self.removed = False  # the log was seen and then found missing
+        self.missing = False  # the last read found no log (readers ask Redis themselves)
         self.closed = False
         self.last_read = 0.0
         self.users = 0
@@ -135,35 +138,45 @@ class RunFeed:
             if result is None and mine is not None and mine[0] is future:
                 del self._reads[position]
 
-    async def refresh(self, read: ReadLog, to_entry: ToEntry, batch: int) -> None:
-        """Pull everything new since `head` into the window (one reader at a time)."""
+    @asynccontextmanager
+    async def refreshing(self) -> AsyncIterator[bool]:
+        """One reader at a time pulls what is new since `head` (`take` each read).
+
+        Yields False when another subscriber read it while we queued for the lock.
+        """
         async with self._lock:
             if not self.stale:
-                return  # another subscriber read it while we queued for the lock
+                yield False
+                return
             self.stale = False
             try:
-                while True:
-                    exists, trimmed, entries, _tail, _status = await read(self.keys, self.head)
-                    if not exists:
-                        self.removed = self._seen
-                        break
-                    self._seen = True
-                    if trimmed and parse_cursor(self.head) < parse_cursor(_text(trimmed)):
-                        # The feed itself fell out of retention (a burst larger than the
-                        # retained window between two reads): restart the window at the
-                        # trim boundary; subscribers behind it find their gap in Redis.
-                        self._reset(_text(trimmed))
-                        continue
-                    for raw_id, fields in entries:
-                        self._append(to_entry(_text(raw_id), fields))
-                    if len(entries) < batch:
-                        break
+                yield True
             except BaseException:
                 self.stale = True
                 raise
             finally:
                 self.last_read = time.monotonic()
                 self.wake()
+
+    def take(self, read: LogRead, batch: int) -> bool:
+        """Add one read (made after `head`) to the window; True when more may follow."""
+        if not read.exists:
+            self.removed = self._seen
+            self.missing = True
+            return False
+        self._seen = True
+        self.missing = False
+        assert read.bounds is not None
+        if missed_events(parse_cursor(self.head), read.bounds):
+            # The feed itself is behind the log's floor (a burst larger than the retained
+            # window between two reads, or a log removed and written again): restart the
+            # window at the floor; subscribers behind it find their gap in Redis.
+            assert read.bounds.floor is not None
+            self._reset(format_key(read.bounds.floor))
+            return True
+        for entry in read.entries:
+            self._append(entry)
+        return len(read.entries) >= batch
 
     def _append(self, entry: Entry) -> None:
         assert entry.id is not None
@@ -189,10 +202,6 @@ class RunFeed:
         self._base_key = parse_cursor(start)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class Notifier:
     """Owns the process's pub/sub connection and the registry of live feeds."""
 
@@ -207,6 +216,7 @@ class Notifier:
         self._on_reconnect = on_reconnect  # told each time the connection is re-established
         self._feeds: dict[str, RunFeed] = {}
         self._pubsub: Any = None
+        self._deferred: set[str] = set()  # feeds whose SUBSCRIBE failed: retried by `run`
         self._closed = False
 
     @asynccontextmanager
@@ -234,7 +244,10 @@ class Notifier:
         try:
             await self._pubsub.subscribe(channel)
         except (redis_errors.RedisError, OSError):
-            log.debug("subscribe to %s deferred to the next reconnect", channel)
+            # The connection is down (redis-py may be reconnecting it by itself, and then
+            # re-subscribes only what it knew): the listener subscribes it shortly.
+            self._deferred.add(channel)
+            log.debug("subscribe to %s deferred", channel)
 
     async def _unsubscribe(self, channel: str) -> None:
         if self._pubsub is None:
@@ -252,8 +265,16 @@ class Notifier:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 # A private channel keeps the connection subscribed while no run is.
-                await pubsub.subscribe("gateway:notifier", *self._feeds)
-                self._pubsub = pubsub
+                channels = {NOTIFIER_CHANNEL, *self._feeds}
+                await pubsub.subscribe(*channels)
+                self._pubsub = pubsub  # from now on, a new feed subscribes itself
+                # Feeds attached while we were connecting had no connection to
+                # subscribe on: without this they would hear nothing until the next
+                # reconnect, and deliver only on heartbeat polls.
+                late = [channel for channel in self._feeds if channel not in channels]
+                if late:
+                    await pubsub.subscribe(*late)
+                self._deferred.clear()  # every live feed is subscribed now
                 for feed in list(self._feeds.values()):
                     feed.mark_stale()  # whatever happened while we were away
                 if connected_before and self._on_reconnect is not None:
@@ -264,10 +285,12 @@ class Notifier:
                     task_status.started()
                 backoff = 0.05
                 while True:
-                    message = await pubsub.get_message(timeout=None)
+                    message = await pubsub.get_message(timeout=RETRY_SUBSCRIBE_SECONDS)
+                    if self._deferred:
+                        await self._subscribe_deferred(pubsub)
                     if message is None:
                         continue
-                    changed = self._feeds.get(_text(message["channel"]))
+                    changed = self._feeds.get(text(message["channel"]))
                     if changed is not None:
                         changed.mark_stale()
             except (redis_errors.RedisError, OSError) as exc:
@@ -285,6 +308,19 @@ class Notifier:
                 task_status.started()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
+
+    async def _subscribe_deferred(self, pubsub: Any) -> None:
+        channels = [channel for channel in self._deferred if channel in self._feeds]
+        self._deferred.clear()
+        if not channels:
+            return
+        try:
+            await pubsub.subscribe(*channels)
+        except BaseException:
+            self._deferred.update(channels)
+            raise
+        for channel in channels:
+            self._feeds[channel].mark_stale()  # notifications may have been missed
 
     def close(self) -> None:
         """Wake every subscriber so it notices the bridge is closed."""

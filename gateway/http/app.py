@@ -99,6 +99,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
                         backend="redis" if settings.redis_url else "memory",
                         legacy_end_scan=settings.legacy_end_scan_enabled,
                     )
+                    await ops.log_eviction_policy(state.bridge)
                     try:
                         yield
                     finally:

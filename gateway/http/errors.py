@@ -28,6 +28,7 @@ from ..errors import (
     RunOwned,
     SequenceRefused,
     SessionActive,
+    SessionMismatch,
     StreamEnded,
     Unauthorized,
 )
@@ -65,6 +66,16 @@ def error_response(
     )
 
 
+_CONFLICTS: Final = (
+    ProducerFenced,
+    RunOwned,
+    StreamEnded,
+    SessionActive,
+    SessionMismatch,
+    SequenceRefused,
+)
+
+
 def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
     """The status (and extra headers) for one gateway error; most specific class first."""
     if isinstance(exc, PayloadTooLarge):
@@ -73,7 +84,7 @@ def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
         return 422, None
     if isinstance(exc, RunNotFound):
         return 404, None
-    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive | SequenceRefused):
+    if isinstance(exc, _CONFLICTS):
         return 409, None
     if isinstance(exc, BackendUnavailable | BridgeClosed):
         return 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}

@@ -39,7 +39,8 @@ async def check_run(
     result = await bridge.publish_end(run_id, "producer_lost", producer_token=None)
     if metrics is not None:
         metrics.end_published(result, started)
-    if result.id is not None and not result.deduplicated:
+    # `id` is None when the run had no log: its record alone was marked ended.
+    if result.applied and not result.deduplicated:
         lifecycle(
             "recovery_end",
             "producer lease expired without END; appended producer_lost",

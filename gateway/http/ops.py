@@ -11,11 +11,15 @@ These carry no credentials: they reveal no run data.
   `draining` while the gateway drains for shutdown (load balancers stop sending new
   streams here), 503 `not_started` before the lifespan has opened the bridge, 503
   `backend_unavailable` when Redis cannot be reached or refuses to load a script.
+  A Redis whose `maxmemory-policy` is not `noeviction` is still ready, and the body
+  says so: `{"status": "ready", "warnings": [{"code": "redis_eviction_policy", ...}]}`
+  (the same warning is logged at startup).
 """
 
 from __future__ import annotations
 
-from typing import Final, Protocol, runtime_checkable
+import logging
+from typing import Any, Final, Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +40,40 @@ class _Scripted(Protocol):
     async def ensure_scripts(self) -> int: ...
 
 
+@runtime_checkable
+class _Evicting(Protocol):
+    """A backend that may evict keys under memory pressure (the Redis bridge)."""
+
+    async def eviction_policies(self) -> frozenset[str]: ...
+
+
+REQUIRED_EVICTION_POLICY: Final = "noeviction"
+
+
+async def eviction_warnings(bridge: object) -> list[dict[str, Any]]:
+    """A warning when Redis may evict the gateway's keys (docs/operations.md)."""
+    if not isinstance(bridge, _Evicting):
+        return []
+    unsafe = sorted(p for p in await bridge.eviction_policies() if p != REQUIRED_EVICTION_POLICY)
+    if not unsafe:
+        return []
+    detail = (
+        f"Redis maxmemory-policy is {', '.join(unsafe)}: set {REQUIRED_EVICTION_POLICY}; "
+        "evicted logs end their readers with gaps"
+    )
+    return [{"code": "redis_eviction_policy", "detail": detail, "maxmemory_policy": unsafe}]
+
+
+async def log_eviction_policy(bridge: object) -> None:
+    """At startup: log the eviction warning (a failure to ask is left to readiness)."""
+    try:
+        warnings = await eviction_warnings(bridge)
+    except BackendUnavailable:
+        return
+    for warning in warnings:
+        lifecycle(warning["code"], warning["detail"], level=logging.WARNING)
+
+
 async def healthz(_request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -53,6 +91,7 @@ async def readyz(request: Request) -> Response:
         for backend in (bridge, sessions):
             if isinstance(backend, _Scripted):
                 reloaded += await backend.ensure_scripts()
+        warnings = await eviction_warnings(bridge)
     except BackendUnavailable as exc:
         state.metrics.unavailable("ops")
         lifecycle(
@@ -69,6 +108,8 @@ async def readyz(request: Request) -> Response:
             scripts=reloaded,
             request_id=request_id_of(request.scope),
         )
+    if warnings:
+        return json_response({"status": "ready", "warnings": warnings})
     return json_response({"status": "ready"})
 
 

@@ -343,15 +343,34 @@ _READING: Final = 1  # in the bridge: a disconnect or a drain may stop it
 _CLOSING: Final = 2  # cleaning up: nothing may
 
 
+# A stop whose cancellation was not delivered is repeated this often (seconds): one
+# `Task.cancel()` is not enough on Python 3.11, where `asyncio.wait_for` (inside
+# libraries) drops a cancellation that arrives as its inner task finishes.
+INSIST_SECONDS: Final = 0.25
+
+
 class _Stream:
     """State of one streaming response, and how others stop its task (single loop).
 
-    `stop(reason)` cancels the task when it waits where `reason` applies; the task then
-    sees `stopped` set and ends the response accordingly. Slotted, no closures: every
-    open response holds one.
+    `stop(reason)` cancels the task when it waits where `reason` applies, and repeats
+    the cancellation until the task has taken it (a dropped cancellation must not leave
+    a response streaming to nobody); the task then sees `stopped` set and ends the
+    response accordingly. Every cancellation sent is counted and withdrawn when taken,
+    so one from outside that arrives meanwhile is still seen and re-raised. Slotted, no
+    closures: every open response holds one.
     """
 
-    __slots__ = ("_task", "_watch", "draining", "outcome", "sent", "state", "stopped", "timeout")
+    __slots__ = (
+        "_cancels",
+        "_task",
+        "_watch",
+        "draining",
+        "outcome",
+        "sent",
+        "state",
+        "stopped",
+        "timeout",
+    )
 
     def __init__(self, timeout: float, task: asyncio.Task[Any] | None) -> None:
         self.timeout = timeout
@@ -361,6 +380,7 @@ class _Stream:
         self.outcome = "end"  # what ended the response (for the request log line)
         self.sent = 0  # data events written
         self._task = task
+        self._cancels = 0  # our cancellations of the task not yet withdrawn
         self._watch = _SendWatch.of(asyncio.get_running_loop())
 
     async def send(self, send: Send, body: bytes, *, more: bool) -> None:
@@ -377,11 +397,14 @@ class _Stream:
             self.stop("drain")
 
     def interrupted(self) -> bool:
-        """Whether the cancellation being handled is our own `stop`; if so, withdraw it."""
+        """Whether the cancellation being handled is only our own `stop`s (then they are
+        withdrawn); False when one came from outside too, which must propagate."""
         if self.stopped is None or self._task is None:
             return False
-        self._task.uncancel()
-        return True
+        while self._cancels:
+            self._task.uncancel()
+            self._cancels -= 1
+        return self._task.cancelling() == 0
 
     def stop(self, reason: str) -> None:
         """Interrupt the task (disconnect, drain, send timeout) if `reason` applies now."""
@@ -392,7 +415,19 @@ class _Stream:
         if reason == "drain" and self.state != _READING:
             return
         self.stopped = reason
+        self._cancel()
+
+    def _cancel(self) -> None:
+        assert self._task is not None
+        self._cancels += 1
         self._task.cancel()
+        asyncio.get_running_loop().call_later(INSIST_SECONDS, self._insist)
+
+    def _insist(self) -> None:
+        """Cancel again if the last cancellation was not taken (see INSIST_SECONDS)."""
+        task = self._task
+        if self._cancels and task is not None and not task.done() and self.state != _CLOSING:
+            self._cancel()
 
 
 class _SendWatch:

@@ -1,0 +1,144 @@
+"""What the Redis bridge reads, decoded: stream entries and `read.lua`'s typed reply.
+
+Both the bridge (`redis.py`) and the per-process fan-out (`redis_fanout.py`) import
+this; it imports neither.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..cursor import EventKey, parse_cursor
+from ..values import End, StreamEvent
+from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT
+from .rules import Bounds, predecessor
+
+Entry = StreamEvent | End
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def ms(seconds: float) -> int:
+    """Seconds as whole Redis milliseconds, at least 1."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def is_end(fields: Sequence[bytes]) -> bool:
+    return bool(fields) and fields[0] == FIELD_END
+
+
+def flatten(fields: Any) -> list[bytes]:
+    if isinstance(fields, dict):
+        flat: list[bytes] = []
+        for key, value in fields.items():
+            flat += [key, value]
+        return flat
+    return list(fields)
+
+
+def entry_item(entry_id: str, fields: list[bytes]) -> Entry:
+    """Turn one stream entry into what a reader sees."""
+    if fields and fields[0] == FIELD_END:
+        error: Any = None
+        if len(fields) >= 4 and fields[2] == FIELD_ERROR:
+            error = orjson.loads(fields[3])
+        return End(status=text(fields[1]), error=error, id=entry_id)  # type: ignore[arg-type]
+    if len(fields) == 4 and fields[0] == FIELD_EVENT and fields[2] == FIELD_DATA:
+        # The layout lua/publish.lua writes: no dict per entry on the replay hot path.
+        return StreamEvent(id=entry_id, event=fields[1].decode(), data=fields[3])
+    pairs = dict(zip(fields[::2], fields[1::2], strict=False))  # another writer's order
+    return StreamEvent(id=entry_id, event=text(pairs[FIELD_EVENT]), data=pairs[FIELD_DATA])
+
+
+def decode_entries(raw: Sequence[Any]) -> list[Entry]:
+    """XRANGE replies as reader items, cut after the first END (a legacy log may hold
+    entries after one; readers never see them)."""
+    items: list[Entry] = []
+    for raw_id, fields in raw:
+        item = entry_item(text(raw_id), flatten(fields))
+        items.append(item)
+        if isinstance(item, End):
+            break
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """One `read.lua` reply: the entries after a position and the log's boundaries.
+
+    `bounds` is None when the log does not exist; `status`, `error`, `end_id` and
+    `last_event` (the last event id the run handed out) are then the run record's
+    ("running" while it runs, "" when there is no record). `tail` is the newest entry
+    when nothing followed the position.
+    """
+
+    exists: bool
+    bounds: Bounds | None
+    entries: list[Entry]
+    tail: Entry | None
+    status: str
+    error: Any
+    end_id: str | None
+    last_event: EventKey | None
+
+    def tail_end(self) -> End | None:
+        return self.tail if isinstance(self.tail, End) else None
+
+
+def log_bounds(
+    length: int, entries_added: int, max_deleted: str, last_generated: str, first: str
+) -> Bounds:
+    """The floor of a log from its stream metadata (see `rules.Bounds`).
+
+    The scripts record every removal they make in max-deleted-entry-id. A log that
+    dropped entries (entries-added > length) with no such record was trimmed by someone
+    else: only what is retained can be verified, so the floor is just below the first
+    retained entry (or the last generated id of an emptied log).
+    """
+    trimmed = entries_added > length
+    recorded = parse_cursor(max_deleted) if max_deleted else (0, 0)
+    if recorded != (0, 0):
+        floor: tuple[int, int] | None = recorded
+    elif trimmed:
+        floor = predecessor(parse_cursor(first)) if first else parse_cursor(last_generated)
+    else:
+        floor = None
+    # first/last event ids are filled in by the reader when it reports a gap.
+    return Bounds(floor=floor, trimmed=trimmed, first=None, last=None)
+
+
+def parse_read(reply: Sequence[Any]) -> LogRead:
+    exists, length, added, max_deleted, last_generated, first, raw, tail = reply[:8]
+    status, error, end, last = reply[8:]
+    if not exists:
+        return LogRead(
+            exists=False,
+            bounds=None,
+            entries=[],
+            tail=None,
+            status=text(status),
+            error=orjson.loads(error) if error else None,
+            end_id=text(end) or None,
+            last_event=parse_cursor(text(last)) if last else None,
+        )
+    bounds = log_bounds(
+        int(length), int(added), text(max_deleted), text(last_generated), text(first)
+    )
+    tail_item = entry_item(text(tail[0]), flatten(tail[1])) if tail else None
+    return LogRead(
+        exists=True,
+        bounds=bounds,
+        entries=decode_entries(raw),
+        tail=tail_item,
+        status="",
+        error=None,
+        end_id=None,
+        last_event=None,
+    )

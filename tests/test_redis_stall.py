@@ -1,0 +1,69 @@
+"""A stalled Redis (`DEBUG SLEEP` on a Redis the test started) never leaves clients
+hanging: requests answer 503 and open streams end with an `unavailable` frame within
+`redis_command_timeout_seconds`, long before the stall is over."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import anyio
+import httpx
+import pytest
+
+from tests.http_server import ProducerClient, make_settings, serve
+from tests.redis_servers import RedisServer
+from tests.sse_client import iter_frames
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+STALL = 6.0  # seconds Redis sleeps
+TIMEOUT = 1.0  # redis_command_timeout_seconds
+
+
+@contextmanager
+def stalled(server: RedisServer) -> Iterator[None]:
+    """Redis blocked in DEBUG SLEEP for STALL seconds (from a thread: it blocks)."""
+
+    def sleep() -> None:
+        with server.client(socket_timeout=STALL + 5) as raw:
+            raw.execute_command("DEBUG", "SLEEP", str(STALL))
+
+    thread = threading.Thread(target=sleep, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # the DEBUG SLEEP has reached the server (nothing to await here)
+    try:
+        yield
+    finally:
+        thread.join(STALL + 10)
+
+
+async def test_requests_and_streams_answer_within_the_command_timeout(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    server = redis_server_factory("--enable-debug-command", "yes")
+    settings = make_settings("redis", server.url, key_prefix, redis_command_timeout_seconds=TIMEOUT)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=30) as client:
+            producer = await ProducerClient.claim(client)
+            ids = await producer.publish(("token", 1))
+            frames = []
+            async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+                stream = iter_frames(response)
+                async for frame in stream:
+                    if frame.id == ids[-1]:
+                        break
+                with stalled(server):
+                    started = time.monotonic()
+                    status = (await client.get(f"/v1/runs/{producer.run_id}")).status_code
+                    answered = time.monotonic() - started
+                    with anyio.fail_after(STALL - 1):
+                        async for frame in stream:
+                            frames.append(frame)
+                            if frame.event == "unavailable":
+                                break
+                    ended = time.monotonic() - started
+    assert status == 503 and answered < STALL - 2, (status, answered)
+    assert frames and frames[-1].event == "unavailable" and ended < STALL - 1
