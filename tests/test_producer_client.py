@@ -281,3 +281,36 @@ async def test_sending_after_the_block_is_refused(gateway_server: RunningServer)
         await run.send("token", {"n": 0})
     with pytest.raises(StreamEnded):
         await run.send("token", {"n": 1})
+
+
+async def test_503s_from_a_gateway_whose_redis_replies_are_lost_are_retried_exactly_once(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The gateway itself answers 503 `backend_unavailable` when Redis ran a script but
+    its reply was lost (the bridge never re-sends a write); the client re-sends the
+    numbered batch and the gateway answers it with the ids of the first time."""
+    from urllib.parse import urlsplit
+
+    from tests.http_server import make_settings, serve
+
+    target = urlsplit(redis_url)
+    assert target.hostname is not None and target.port is not None
+    relay = FaultRelay((target.hostname, target.port), marker=b"EVALSHA")
+    async with anyio.create_task_group() as tg:
+        await tg.start(relay.serve)
+        settings = make_settings("redis", f"redis://127.0.0.1:{relay.port}", key_prefix)
+        with serve(settings, "redis") as srv:
+            # Every fourth script's reply is lost: claims, appends, renewals, END.
+            relay.plan = lambda n: Fault.DROP_REPLY if n % 4 == 2 else Fault.PASS
+            async with Producer(srv.base_url, batch_window=0.002) as run:
+                for n in range(60):
+                    await run.send("token", {"n": n})
+                    if n % 5 == 4:
+                        await run.flush()
+            relay.plan = None  # read back without faults
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as reader:
+                result = await stream_of(reader, run.run_id)
+        tg.cancel_scope.cancel()
+    assert relay.cut >= 3, relay.cut
+    assert run.retries >= 3
+    assert numbers(result) == list(range(60)) and end_status(result) == "success"
