@@ -50,7 +50,7 @@ end
 -- Numbered appends, the last check before writing. The numbering belongs to one token
 -- (a takeover starts a new one): seq_tok, seq_next (next expected number), seq_first and
 -- seq_ids (the first number and the ids of the last applied batch). A retry of that
--- batch gets its ids back and writes nothing; a batch past seq_next is a gap; any other
+-- batch gets its ids back and appends nothing; a batch past seq_next is a gap; any other
 -- overlap is a conflict.
 local batch_seq = tonumber(ARGV[4])
 local count = (#ARGV - 4) / 2
@@ -63,6 +63,9 @@ if batch_seq then
   end
   if batch_seq < expected then
     if mine and batch_seq == tonumber(s[3]) and batch_seq + count == expected then
+      -- A retry: nothing is appended; like any publish it renews the lease.
+      redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', now + tonumber(meta[5])))
+      redis.call('PEXPIRE', KEYS[1], ARGV[3])
       return {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or '', s[4]}
     end
     return {'sequence_conflict', expected}

@@ -138,6 +138,19 @@ async def test_duplicate_batch_returns_its_ids_and_appends_nothing(bridge: Strea
     assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3]
 
 
+async def test_a_retry_renews_the_lease_like_any_publish(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=5)).token
+    await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    info = await bridge.get_run(run_id)
+    assert info is not None
+    await anyio.sleep(0.05)  # the subject: time passes between the write and its retry
+    assert (await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)).duplicate
+    again = await bridge.get_run(run_id)
+    assert again is not None and again.lease_expires_at > info.lease_expires_at
+    assert again.retained_events == 1
+
+
 async def test_a_batch_past_the_next_number_is_a_gap_with_the_expected_number(
     bridge: StreamBridge,
 ) -> None:

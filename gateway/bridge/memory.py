@@ -301,7 +301,9 @@ class MemoryStreamBridge:
         # -- numbered appends: the last check before writing, as in lua/publish.lua
         if seq is not None:
             repeat = admit(run.numbering, token, seq, len(encoded))
-            if repeat is not None:  # a retry: its ids, nothing appended, nothing renewed
+            if repeat is not None:  # a retry: its ids, nothing appended; the lease renewed
+                run.lease_expires_at = self._clock() + run.lease_seconds
+                self._touch(run, self._settings.stream_ttl_seconds)
                 return PublishResult(repeat, run.cancel_requested, run.session_id, True)
         # --
         ids: list[str] = []
