@@ -68,6 +68,12 @@ RedisClient = Redis | RedisCluster
 T = TypeVar("T")
 
 READ_BATCH: Final = 512
+# Notifications carry the appended events up to this size (larger ones make readers
+# read the log), so a gateway following a run delivers without a read per change.
+PUSH_BYTES: Final = 64 * 1024
+# A log may exceed its limit by limit/this many events before it is trimmed (exactly):
+# most publishes then skip the trim's commands. Logs under this many events trim at once.
+TRIM_SLACK_DIVISOR: Final = 64
 CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 # Replies meaning the server refused the command without running it (a cluster in
@@ -345,10 +351,13 @@ class RedisStreamBridge:
         self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
     ) -> PublishResult:
         keys = self._keys(run_id)
+        limit = self._settings.max_events_per_run
         args: list[bytes | str | int] = [
             producer_token,
-            self._settings.max_events_per_run,
+            limit,
             self._ttl_ms,
+            PUSH_BYTES,
+            limit // TRIM_SLACK_DIVISOR,
         ]
         for name, payload in rules.encode_batch(events):
             args.append(name)

@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 from ..cursor import EventKey, format_key, parse_cursor
 from ..values import End
 from .keys import RunKeys
-from .redis_codec import Entry, LogRead, text
+from .redis_codec import Entry, LogRead, decode_push, text
 from .rules import missed_events
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class RunFeed:
         self.base = start  # every entry after `base` up to `head` is in `items`
         self.head = start  # the next read starts after this id
         self._base_key = parse_cursor(start)
+        self._head_key = self._base_key
         self._keys_window: list[EventKey] = []
         self.items: list[Entry] = []
         self._window = window
@@ -104,6 +105,19 @@ class RunFeed:
     def mark_stale(self) -> None:
         self.stale = True
         self._reads.clear()  # later readers read afresh
+        self.wake()
+
+    def push(self, message: bytes) -> None:
+        """A change notification: take the entries it carries when they follow our copy
+        of the log exactly; otherwise (or if it carries none) read Redis."""
+        pushed = decode_push(message) if not self.stale and not self.missing else None
+        if pushed is None or pushed.prev != self.head:
+            self.mark_stale()
+            return
+        for entry in pushed.entries:
+            self._append(entry)
+        self._reads.clear()
+        self.last_read = time.monotonic()
         self.wake()
 
     # -- reading Redis ----------------------------------------------------------
@@ -180,11 +194,15 @@ class RunFeed:
 
     def _append(self, entry: Entry) -> None:
         assert entry.id is not None
+        key = parse_cursor(entry.id)
+        if key <= self._head_key:
+            return  # pushed while a read was in flight: we have it already
+        self._head_key = key
         if self.items and isinstance(self.items[-1], End):
             self.head = entry.id  # a legacy log's entries after its END: never delivered
             return
         self.items.append(entry)
-        self._keys_window.append(parse_cursor(entry.id))
+        self._keys_window.append(key)
         self.head = entry.id
         excess = len(self.items) - self._window
         if excess > self._window // 4:  # drop in chunks: amortised O(1) per entry
@@ -199,7 +217,7 @@ class RunFeed:
         self.items.clear()
         self._keys_window.clear()
         self.base = self.head = start
-        self._base_key = parse_cursor(start)
+        self._base_key = self._head_key = parse_cursor(start)
 
 
 class Notifier:
@@ -292,7 +310,7 @@ class Notifier:
                         continue
                     changed = self._feeds.get(text(message["channel"]))
                     if changed is not None:
-                        changed.mark_stale()
+                        changed.push(message["data"])
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("change notifications interrupted: %s", exc)
             finally:
