@@ -198,7 +198,10 @@ class RedisStreamBridge:
         self.notifier_reconnects = 0
         self._notifier = Notifier(
             _notification_client(commands, settings),
-            settings.fanout_window_events,
+            # Never more than retention: whatever a reader takes from the window is
+            # still in the log, so a reader lagging past retention gets its gap here
+            # as on every other gateway (the window keeps up to a quarter more).
+            min(settings.fanout_window_events, max(1, settings.max_events_per_run * 4 // 5)),
             on_reconnect=self._count_notifier_reconnect,
         )
         self._task_group: TaskGroup | None = None
@@ -630,7 +633,8 @@ class _Reader:
       delivered), which is what can fall behind the log's floor;
     - `seen_stream` / `seen_record`: the log, or the run record without a log, were
       there once, so their disappearance is a removal, not "not written yet";
-    - `caught_up`: reading from the shared feed's window rather than from Redis.
+    - `caught_up`: its position was checked against the log, so it may take the shared
+      feed's window (when its position is inside it) rather than read Redis.
     """
 
     __slots__ = ("caught_up", "checked", "idle_since", "position", "seen_record", "seen_stream")
@@ -686,7 +690,9 @@ class _Reader:
             end = read.tail_end()
             if end is not None:
                 return [end]  # the cursor is at or past the END entry: the run is over
-            self.caught_up = True
+        # Its position is checked: from now on it takes the shared window whenever its
+        # position is inside it (`from_feed`), and reads Redis again only when behind.
+        self.caught_up = True
         return list(read.entries)
 
     def delivered(self, window: Sequence[StreamItem]) -> bool:

@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 from ..cursor import EventKey, format_key, parse_cursor
 from ..values import End
 from .keys import RunKeys
+from .pacing import WakePacer
 from .redis_codec import Entry, LogRead, decode_push, text
 from .rules import missed_events
 
@@ -74,6 +75,7 @@ class RunFeed:
         self._seen = False
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        self._pacer = WakePacer(self.wake, only_when_outpaced=False)
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
         self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
@@ -94,6 +96,7 @@ class RunFeed:
         # cancelled with `Task.cancel()` (http/sse.py), and an anyio cancel scope whose
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
         # that kept reading). `asyncio.timeout` tells its own cancel from a caller's.
+        self._pacer.parked()
         with suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._changed.wait()
@@ -118,7 +121,7 @@ class RunFeed:
             self._append(entry)
         self._reads.clear()
         self.last_read = time.monotonic()
-        self.wake()
+        self._pacer.appended_now()  # paced: a burst of notifications, one wake-up
 
     # -- reading Redis ----------------------------------------------------------
 
