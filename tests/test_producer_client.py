@@ -90,7 +90,9 @@ async def test_every_event_arrives_exactly_once_in_order_through_a_lossy_relay(
         assert run.events_sent == total
     assert run.end_status == "success"
     assert min(relay.cut, relay.refused, relay.unavailable) >= 3, vars(relay)
-    assert run.retries >= relay.cut + relay.refused + relay.unavailable
+    # Each fault was answered by a retry (but for a lease renewal the end of the block may
+    # have stopped while it was on the wire).
+    assert run.retries >= relay.cut + relay.refused + relay.unavailable - 1
     assert run.batches_sent >= total // 10
     result = await stream_of(client, run.run_id)
     assert numbers(result) == list(range(total))  # nothing lost, nothing twice, in order

@@ -71,6 +71,12 @@ RedisClient = Redis | RedisCluster
 T = TypeVar("T")
 
 READ_BATCH: Final = 512
+# Notifications carry the appended events up to this size (larger ones make readers
+# read the log), so a gateway following a run delivers without a read per change.
+PUSH_BYTES: Final = 64 * 1024
+# A log may exceed its limit by limit/this many events before it is trimmed (exactly):
+# most publishes then skip the trim's commands. Logs under this many events trim at once.
+TRIM_SLACK_DIVISOR: Final = 64
 CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 # Replies meaning the server refused the command without running it (a cluster in
@@ -195,7 +201,10 @@ class RedisStreamBridge:
         self.notifier_reconnects = 0
         self._notifier = Notifier(
             _notification_client(commands, settings),
-            settings.fanout_window_events,
+            # Never more than retention: whatever a reader takes from the window is
+            # still in the log, so a reader lagging past retention gets its gap here
+            # as on every other gateway (the window keeps up to a quarter more).
+            min(settings.fanout_window_events, max(1, settings.max_events_per_run * 4 // 5)),
             on_reconnect=self._count_notifier_reconnect,
         )
         self._task_group: TaskGroup | None = None
@@ -353,10 +362,13 @@ class RedisStreamBridge:
         seq: int | None = None,
     ) -> PublishResult:
         keys = self._keys(run_id)
+        limit = self._settings.max_events_per_run
         args: list[bytes | str | int] = [
             producer_token,
-            self._settings.max_events_per_run,
+            limit,
             self._ttl_ms,
+            PUSH_BYTES,
+            limit // TRIM_SLACK_DIVISOR,
             "" if seq is None else check_seq(seq, len(events)),
         ]
         for name, payload in rules.encode_batch(events):
@@ -652,7 +664,8 @@ class _Reader:
       delivered), which is what can fall behind the log's floor;
     - `seen_stream` / `seen_record`: the log, or the run record without a log, were
       there once, so their disappearance is a removal, not "not written yet";
-    - `caught_up`: reading from the shared feed's window rather than from Redis.
+    - `caught_up`: its position was checked against the log, so it may take the shared
+      feed's window (when its position is inside it) rather than read Redis.
     """
 
     __slots__ = ("caught_up", "checked", "idle_since", "position", "seen_record", "seen_stream")
@@ -708,7 +721,9 @@ class _Reader:
             end = read.tail_end()
             if end is not None:
                 return [end]  # the cursor is at or past the END entry: the run is over
-            self.caught_up = True
+        # Its position is checked: from now on it takes the shared window whenever its
+        # position is inside it (`from_feed`), and reads Redis again only when behind.
+        self.caught_up = True
         return list(read.entries)
 
     def delivered(self, window: Sequence[StreamItem]) -> bool:

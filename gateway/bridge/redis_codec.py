@@ -142,3 +142,35 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
         end_id=None,
         last_event=None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A change notification that carries what was appended (see lua/publish.lua)."""
+
+    prev: str  # the id of the entry the appended ones follow
+    entries: list[Entry]
+
+
+def decode_push(message: bytes) -> Push | None:
+    """The entries a notification carries; None when it carries none (read the log)."""
+    if not message:
+        return None
+    try:
+        newline = message.index(b"\n")
+        kind, prev, count = message[:newline].split(b" ")
+        pos = newline + 1
+        entries: list[Entry] = []
+        for _ in range(int(count)):
+            newline = message.index(b"\n", pos)
+            entry_id, name, size = message[pos:newline].split(b" ")
+            pos = newline + 1 + int(size)
+            data = message[newline + 1 : pos]
+            if kind == b"e":
+                entries.append(StreamEvent(id=entry_id.decode(), event=name.decode(), data=data))
+            else:
+                error = orjson.loads(data) if data else None
+                entries.append(End(status=name.decode(), error=error, id=entry_id.decode()))  # type: ignore[arg-type]
+    except (ValueError, orjson.JSONDecodeError):
+        return None  # not in this format (another version's writer): read the log
+    return Push(prev=prev.decode(), entries=entries)
