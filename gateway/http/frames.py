@@ -32,8 +32,7 @@ def event_frame(item: StreamEvent) -> bytes:
     """The event's frame, built on first use and kept on the (shared) event."""
     frame = item.wire
     if frame is None:
-        frame = _event_frame(item)
-        object.__setattr__(item, "wire", frame)  # frozen value: a cache, set once
+        frame = item.wire = _event_frame(item)
     return frame
 
 
