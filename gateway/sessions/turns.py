@@ -1,4 +1,4 @@
-"""How a turn record evolves as its run streams (PROTOCOL 6). Pure: no I/O, no clock.
+"""How a turn record evolves as its run streams (docs/protocol.md §6). Pure: no I/O, no clock.
 
 A turn record is a JSON object, the same on both backends:
 
