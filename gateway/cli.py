@@ -33,7 +33,7 @@ from click.core import ParameterSource
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from .settings import Settings
+from .settings import ENV_PREFIX, Settings
 
 if TYPE_CHECKING:
     import anyio
@@ -114,7 +114,7 @@ def _setting_option(name: str, field: FieldInfo) -> click.Option:
     if not field.description:
         raise TypeError(f"Settings.{name} needs a description (it is the flag's help)")
     flag = "--" + name.replace("_", "-")
-    note = f"env GATEWAY_{name.upper()}; default: {_shown(field.get_default())}"
+    note = f"env {ENV_PREFIX}{name.upper()}; default: {_shown(field.get_default())}"
     if field.annotation is bool:
         decls = [f"{flag}/--no-{flag[2:]}", name]
         return click.Option(decls, default=None, help=f"{field.description} [{note}]")
