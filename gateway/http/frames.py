@@ -1,4 +1,4 @@
-"""Encoding of SSE frames (PROTOCOL section 4), as bytes ready for the socket.
+"""Encoding of SSE frames (docs/protocol.md §4), as bytes ready for the socket.
 
 A data event's payload is the compact JSON the bridge encoded once at publish
 (`StreamEvent.data`); it is written as is, never decoded and re-encoded. Only `id:`
