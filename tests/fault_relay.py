@@ -69,7 +69,8 @@ class FaultRelay:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
         self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         task_status.started()
-        await listener.serve(self._relay)
+        async with listener:  # serve() returns on cancellation without closing it
+            await listener.serve(self._relay)
 
     def _decide(self) -> Fault:
         n = self.requests

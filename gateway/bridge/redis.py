@@ -61,8 +61,9 @@ from ..values import (
 from . import rules
 from .base import one_by_one
 from .keys import RunKeys, check_prefix, run_keys
-from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, ms, parse_read, text
+from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import Notifier, RunFeed
+from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 
 log = logging.getLogger(__name__)
@@ -287,11 +288,11 @@ class RedisStreamBridge:
         seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
         if not math.isfinite(seconds) or seconds <= 0:
             raise InvalidInput("lease_seconds must be a positive number")
-        return ms(min(seconds, self._settings.max_lease_seconds))
+        return ceil_ms(min(seconds, self._settings.max_lease_seconds))
 
     @property
     def _ttl_ms(self) -> int:
-        return ms(self._settings.stream_ttl_seconds)
+        return ceil_ms(self._settings.stream_ttl_seconds)
 
     # -- producer side ----------------------------------------------------------
 
@@ -316,14 +317,14 @@ class RedisStreamBridge:
             session_id or "",
             self._ttl_ms,
         )
-        outcome = text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == "owned":
             raise RunOwned(f"run {run_id} has a live producer lease")
         if outcome == "ended":
-            raise StreamEnded(f"run {run_id} has ended ({text(reply[1])})")
+            raise StreamEnded(f"run {run_id} has ended ({as_text(reply[1])})")
         if outcome == "session":
-            raise SessionMismatch.of(run_id, text(reply[1]) or None)
-        session = text(reply[3]) or None
+            raise SessionMismatch.of(run_id, as_text(reply[1]) or None)
+        session = as_text(reply[3]) or None
         return Claim(
             run_id=run_id,
             session_id=session,
@@ -333,9 +334,9 @@ class RedisStreamBridge:
         )
 
     def _raise_refusal(self, run_id: str, reply: list[Any]) -> None:
-        outcome = text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == "fenced":
-            raise ProducerFenced(f"producer token refused for run {run_id} ({text(reply[1])})")
+            raise ProducerFenced(f"producer token refused for run {run_id} ({as_text(reply[1])})")
         if outcome == "ended":
             raise StreamEnded(f"run {run_id} has ended")
 
@@ -377,12 +378,12 @@ class RedisStreamBridge:
         reply = await self._script("publish", keys, *args)
         self._raise_refusal(run_id, reply)
         # -- numbered appends (see gateway.sequence)
-        outcome = text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == "duplicate":
             return PublishResult(
-                ids=tuple(text(reply[3]).split(" ")),
+                ids=tuple(as_text(reply[3]).split(" ")),
                 cancel_requested=reply[1] == 1,
-                session_id=text(reply[2]) or None,
+                session_id=as_text(reply[2]) or None,
                 duplicate=True,
             )
         if outcome == "sequence_gap":
@@ -399,9 +400,9 @@ class RedisStreamBridge:
             )
         # --
         return PublishResult(
-            ids=tuple(text(entry_id) for entry_id in reply[3:]),
+            ids=tuple(as_text(entry_id) for entry_id in reply[3:]),
             cancel_requested=reply[1] == 1,
-            session_id=text(reply[2]) or None,
+            session_id=as_text(reply[2]) or None,
         )
 
     async def publish_end(
@@ -414,7 +415,7 @@ class RedisStreamBridge:
     ) -> EndResult:
         keys = self._keys(run_id)
         check_end_status(status)
-        ended_ttl = ms(self._settings.ended_ttl_seconds)
+        ended_ttl = ceil_ms(self._settings.ended_ttl_seconds)
         reply = await self._script(
             "publish_end",
             keys,
@@ -425,15 +426,15 @@ class RedisStreamBridge:
             ended_ttl,
             max(ended_ttl, self._ttl_ms),
         )
-        if text(reply[0]) == "noop":
+        if as_text(reply[0]) == "noop":
             return EndResult(id=None, deduplicated=False, applied=False)
-        if text(reply[0]) == "recorded":
-            return EndResult(id=None, deduplicated=False, session_id=text(reply[1]) or None)
+        if as_text(reply[0]) == "recorded":
+            return EndResult(id=None, deduplicated=False, session_id=as_text(reply[1]) or None)
         self._raise_refusal(run_id, reply)
         return EndResult(
-            id=text(reply[1]) or None,
+            id=as_text(reply[1]) or None,
             deduplicated=reply[2] == 1,
-            session_id=text(reply[3]) or None,
+            session_id=as_text(reply[3]) or None,
             legacy_scanned=len(reply) > 4 and reply[4] == 1,
         )
 
@@ -448,7 +449,7 @@ class RedisStreamBridge:
             # The log expires then, and the record says when, so that later writes keep
             # that expiry instead of refreshing the TTL (see publish.lua).
             script = self._scripts["cleanup_later"]
-            await self._call(lambda: script(keys=list(keys.both), args=[ms(delay)]))
+            await self._call(lambda: script(keys=list(keys.both), args=[ceil_ms(delay)]))
         else:
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
@@ -475,14 +476,14 @@ class RedisStreamBridge:
         meta_raw, length, head, tail = await self._call(fetch)
         if not meta_raw and not length:
             return None
-        meta = {text(k): text(v) for k, v in meta_raw.items()}
-        entries = [(text(i), flatten(f)) for i, f in tail]
+        meta = {as_text(k): as_text(v) for k, v in meta_raw.items()}
+        entries = [(as_text(i), flatten(f)) for i, f in tail]
         end_entry = None
         if entries and is_end(entries[0][1]):
             end_entry = entry_item(entries[0][0], entries[0][1])
             entries = entries[1:]
         retained = int(length) - (1 if end_entry else 0)
-        first = text(head[0][0]) if head and retained > 0 else None
+        first = as_text(head[0][0]) if head and retained > 0 else None
         status = meta.get("status", "running")
         if end_entry is not None and status == "running":
             status = end_entry.status  # type: ignore[union-attr]
@@ -527,15 +528,15 @@ class RedisStreamBridge:
                 return list(await pipe.execute())
 
         head, tail = await self._call(fetch)
-        events = [text(i) for i, fields in tail if not is_end(flatten(fields))]
-        first = text(head[0][0]) if head and not is_end(flatten(head[0][1])) else None
+        events = [as_text(i) for i, fields in tail if not is_end(flatten(fields))]
+        first = as_text(head[0][0]) if head and not is_end(flatten(head[0][1])) else None
         return first, (events[0] if events else None)
 
     async def _tail(self, keys: RunKeys) -> Entry | None:
         reply: Any = await self._call(lambda: self._redis.xrevrange(keys.log, "+", "-", count=1))
         if not reply:
             return None
-        return entry_item(text(reply[0][0]), flatten(reply[0][1]))
+        return entry_item(as_text(reply[0][0]), flatten(reply[0][1]))
 
     def subscribe(
         self,

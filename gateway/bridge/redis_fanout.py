@@ -39,7 +39,8 @@ from ..cursor import EventKey, format_key, parse_cursor
 from ..values import End
 from .keys import RunKeys
 from .pacing import WakePacer
-from .redis_codec import Entry, LogRead, decode_push, text
+from .redis_codec import Entry, LogRead, decode_push
+from .replies import as_text
 from .rules import missed_events
 
 log = logging.getLogger(__name__)
@@ -311,7 +312,7 @@ class Notifier:
                         await self._subscribe_deferred(pubsub)
                     if message is None:
                         continue
-                    changed = self._feeds.get(text(message["channel"]))
+                    changed = self._feeds.get(as_text(message["channel"]))
                     if changed is not None:
                         changed.push(message["data"])
             except (redis_errors.RedisError, OSError) as exc:
