@@ -19,7 +19,9 @@ Exception
 │   ├── BackendUnavailable     Redis unreachable or failing
 │   ├── Unauthorized           missing or invalid credentials
 │   │   └── TokenExpired       a subscriber token past its `exp`
-│   └── Forbidden              valid credentials that do not cover this run/session
+│   ├── Forbidden              valid credentials that do not cover this run/session
+│   └── RequestRefused         an error answer the producer client has no narrower type
+│                              for (gateway.producer)
 ├── HttpError                  an HTTP-level problem with its own status and code, such as
 │                              invalid JSON or a missing header (gateway.http.errors)
 └── ConfigError                a startup configuration problem: one line, exit code 2 (gateway.cli)
