@@ -1,7 +1,8 @@
 """The embedded, in-process stream bridge: one asyncio event loop, no external services.
 
 It is the default backend for a single gateway process and the reference the Redis backend
-is tested against, so it follows the same lease, fencing, END and cursor rules (docs/protocol.md §2).
+is tested against, so it follows the same lease, fencing, END and cursor rules
+(docs/protocol.md §2).
 
 Layout. A run record (`_Run`: lease, epoch, status, id clock) owns at most one live
 `_Generation`: the retained log. `cleanup` retires a generation; a later write creates a new
