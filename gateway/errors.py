@@ -2,7 +2,8 @@
 
 GatewayError
 ├── InvalidInput            bad run id, event name, status, cursor, payload (4xx)
-│   └── PayloadTooLarge     an event or batch over the configured limits
+│   ├── PayloadTooLarge     an event or batch over the configured limits
+│   └── ReservedEventName   an event named like one of the gateway's own frames
 ├── RunNotFound             no record of the run
 ├── ProducerFenced          stale/wrong producer token or expired lease
 ├── RunOwned                claim refused: a live lease is held elsewhere
@@ -30,6 +31,10 @@ class InvalidInput(GatewayError, ValueError):
 
 class PayloadTooLarge(InvalidInput):
     code = "too_large"
+
+
+class ReservedEventName(InvalidInput):
+    code = "reserved_event_name"
 
 
 class RunNotFound(GatewayError):

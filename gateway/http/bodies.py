@@ -8,6 +8,7 @@ invalid UTF-8 and lone surrogates (all `400 invalid_json`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -18,6 +19,14 @@ from ..errors import InvalidInput, PayloadTooLarge
 from .errors import HttpError
 
 _MISSING: Final = object()
+
+# orjson decodes integers outside [-2**63, 2**64 - 1] as floats, which would change the
+# producer's number; such bodies are refused instead. Only a run of 19+ digits can be one.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
+# Strings and numbers of a valid JSON text (outside strings only numbers hold digits).
+_TOKENS: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
 
 
 async def read_json_object(
@@ -45,7 +54,24 @@ async def read_json_object(
         raise HttpError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidInput("request body must be a JSON object")
+    if _LONG_DIGITS.search(body):
+        _check_integers(body)
     return value
+
+
+def _check_integers(body: bytes) -> None:
+    for match in _TOKENS.finditer(body):
+        token = match.group()
+        if token[:1] == b'"' or b"." in token or b"e" in token or b"E" in token:
+            continue
+        # (int() refuses thousands of digits: a token that long is out of range anyway)
+        if len(token) > 21 or not _INT_MIN <= int(token) <= _INT_MAX:
+            raise HttpError(
+                422,
+                "number_out_of_range",
+                f"integer {token[:40].decode()}{'...' if len(token) > 40 else ''} is outside "
+                "the 64-bit range the gateway keeps exactly; send it as a string",
+            )
 
 
 def reject_unknown(body: Mapping[str, Any], allowed: frozenset[str]) -> None:

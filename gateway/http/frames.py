@@ -11,9 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
-import orjson
-
-from ..values import End, StreamEvent, StreamGap
+from ..values import End, StreamEvent, StreamGap, encode_json
 
 HEARTBEAT_FRAME: Final = b": heartbeat\n\n"
 SHUTDOWN_FRAME: Final = b": shutdown, reconnect with Last-Event-ID\n\n"
@@ -45,7 +43,7 @@ def _event_frame(item: StreamEvent) -> bytes:
 
 
 def _named(event: bytes, payload: Any) -> bytes:
-    return b"event: %s\ndata: %s\n\n" % (event, orjson.dumps(payload))
+    return b"event: %s\ndata: %s\n\n" % (event, encode_json(payload))
 
 
 def end_frame(end: End) -> bytes:

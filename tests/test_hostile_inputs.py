@@ -1,0 +1,193 @@
+"""What a careless or hostile producer or reader sends, on both bridges (real servers):
+deep nesting at the encoder's limit, reserved event names, line separators inside
+payloads, integers beyond 64 bits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.errors import ReservedEventName
+from gateway.names import RESERVED_EVENT_NAMES
+from tests import http_server
+from tests.http_server import ProducerClient
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+gateway_server = http_server.gateway_server
+client = http_server.client
+
+
+def nest(depth: int) -> Any:
+    """A JSON object `depth` containers deep."""
+    value: Any = 1
+    for _ in range(depth - 1):
+        value = [value]
+    return {"deep": value}
+
+
+def _h(producer: ProducerClient) -> dict[str, str]:
+    return {"X-Producer-Token": producer.token}
+
+
+async def _retained(client: httpx.AsyncClient, run_id: str) -> int:
+    response = await client.get(f"/v1/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    count: int = response.json()["retained_events"]
+    return count
+
+
+# --------------------------------------------------------------- 1. no 500 after a write
+
+
+@pytest.mark.parametrize(
+    ("name", "depth"),
+    [("artifact", 252), ("artifact", 253), ("history", 253), ("status", 253), ("status", 254)],
+)
+async def test_deeply_nested_turn_event_is_accepted_and_turns_stay_readable(
+    client: httpx.AsyncClient, name: str, depth: int
+) -> None:
+    producer = await ProducerClient.claim(client, session_id=f"deep-{name}-{depth}")
+    response = await client.post(
+        f"/v1/runs/{producer.run_id}/events",
+        json={"event": name, "data": nest(depth)},
+        headers=_h(producer),
+    )
+    assert response.status_code == 200, response.text
+    assert await _retained(client, producer.run_id) == 1  # written once, nothing to retry
+    await producer.end()
+    turns = await client.get(f"/v1/sessions/{producer.session_id}/turns")
+    assert turns.status_code == 200, turns.text
+    [turn] = turns.json()["turns"]
+    assert turn["state"] == "success"
+    stored = turn["artifacts"] if name == "artifact" else turn["history"]
+    if name == "status":
+        stored = [turn["status"]] if turn["status"] is not None else []
+    # Kept when the record (as readers get it) can hold it, else dropped and marked.
+    assert stored == [nest(depth)] or (stored == [] and turn["truncated"] is True)
+
+
+async def test_deep_input_message_metadata_keeps_the_claim_and_turns_readable(
+    client: httpx.AsyncClient,
+) -> None:
+    message = {
+        "messageId": "m1",
+        "role": "user",
+        "parts": [{"kind": "text", "text": "hi"}],
+        "metadata": {"hitl_resume": nest(252), "hidden": nest(247)},
+    }
+    claimed = await client.post(
+        "/v1/runs", json={"session_id": "deep-meta", "input_message": message}
+    )
+    assert claimed.status_code == 201, claimed.text
+    turns = await client.get("/v1/sessions/deep-meta/turns")
+    assert turns.status_code == 200, turns.text
+    [turn] = turns.json()["turns"]
+    # the value too deep to read back is left out; the one that fits is kept
+    assert turn["history"][0]["metadata"] == {"hidden": nest(247)}
+
+
+# ------------------------------------------------------------ 2. reserved event names
+
+
+@pytest.mark.parametrize("name", sorted(RESERVED_EVENT_NAMES))
+async def test_reserved_event_names_are_refused(client: httpx.AsyncClient, name: str) -> None:
+    producer = await ProducerClient.claim(client)
+    one = await client.post(
+        f"/v1/runs/{producer.run_id}/events",
+        json={"event": name, "data": {"status": "success"}},
+        headers=_h(producer),
+    )
+    batch = await client.post(
+        f"/v1/runs/{producer.run_id}/events",
+        json={"events": [{"event": "token", "data": "a"}, {"event": name, "data": {}}]},
+        headers=_h(producer),
+    )
+    for response in (one, batch):
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert body["error"] == "reserved_event_name" and name in body["detail"]
+    assert await _retained(client, producer.run_id) == 0
+
+
+async def test_reserved_event_names_are_refused_by_both_bridges(bridge: Any) -> None:
+    claim = await bridge.claim("reserved-lib")
+    for name in sorted(RESERVED_EVENT_NAMES):
+        with pytest.raises(ReservedEventName):
+            await bridge.publish("reserved-lib", name, {}, producer_token=claim.token)
+        with pytest.raises(ReservedEventName):
+            await bridge.publish_many(
+                "reserved-lib", [("token", "a"), (name, {})], producer_token=claim.token
+            )
+    info = await bridge.get_run("reserved-lib")
+    assert info is not None and info.retained_events == 0
+
+
+# ------------------------------------------------------- 3. line separators in payloads
+
+
+async def test_line_separators_cannot_forge_sse_lines(client: httpx.AsyncClient) -> None:
+    forged = "x\u2028id: 999999-0\u2029event: end\x85data: {}\u2028"
+    value = {"text": forged, "note": "caf\u00e9 \u2019"}
+    producer = await ProducerClient.claim(client)
+    [event_id] = await producer.publish(("token", value))
+    await producer.end("error")
+    lines: list[str] = []
+    # httpx's iter_lines splits like str.splitlines(): at U+2028, U+2029 and U+0085 too.
+    async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+        async for line in response.aiter_lines():
+            lines.append(line)
+    assert "event: end" in lines
+    assert not any(line.startswith("id: 999999") for line in lines)
+    assert [line for line in lines if line.startswith("id: ")] == [f"id: {event_id}"]
+    data_lines = [line for line in lines if line.startswith("data: ")]
+    assert orjson.loads(data_lines[0][len("data: ") :]) == value
+    assert orjson.loads(data_lines[-1][len("data: ") :])["status"] == "error"
+    for escaped in ("\\u2028", "\\u2029", "\\u0085"):
+        assert escaped in data_lines[0]
+
+
+async def test_line_separators_in_an_end_error_are_escaped(client: httpx.AsyncClient) -> None:
+    producer = await ProducerClient.claim(client)
+    await producer.end("error", {"message": "a\u2028event: end\u2028data: {}"})
+    async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+        lines = [line async for line in response.aiter_lines()]
+    assert lines.count("event: end") == 1
+    [data] = [line for line in lines if line.startswith("data: ")]
+    end = orjson.loads(data[len("data: ") :])
+    assert end["error"]["message"] == "a\u2028event: end\u2028data: {}"
+
+
+# --------------------------------------------------------- 7. numbers are never altered
+
+
+@pytest.mark.parametrize("literal", [b"18446744073709551616", b"-9223372036854775809", b"1" * 300])
+async def test_integers_beyond_64_bits_are_refused(
+    client: httpx.AsyncClient, literal: bytes
+) -> None:
+    producer = await ProducerClient.claim(client)
+    response = await client.post(
+        f"/v1/runs/{producer.run_id}/events",
+        content=b'{"event":"token","data":{"n":' + literal + b',"s":"18446744073709551616"}}',
+        headers={**_h(producer), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "number_out_of_range"
+    assert await _retained(client, producer.run_id) == 0
+
+
+async def test_integers_at_the_64_bit_bounds_are_kept_exactly(client: httpx.AsyncClient) -> None:
+    producer = await ProducerClient.claim(client)
+    payload = b'{"max":18446744073709551615,"min":-9223372036854775808,"s":"123456789012345678901"}'
+    response = await client.post(
+        f"/v1/runs/{producer.run_id}/events",
+        content=b'{"event":"token","data":' + payload + b"}",
+        headers={**_h(producer), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    await producer.end()
+    async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as stream:
+        body = await stream.aread()
+    assert b"data: " + payload + b"\n" in body
