@@ -11,9 +11,12 @@ import orjson
 import pytest
 
 from gateway.errors import ReservedEventName
+from gateway.http.auth import mint_subscriber_token
 from gateway.names import RESERVED_EVENT_NAMES
 from tests import http_server
-from tests.http_server import ProducerClient
+from tests.http_server import ProducerClient, RunningServer, make_settings, serve
+from tests.redis_servers import RedisServer
+from tests.sse_client import iter_frames
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 gateway_server = http_server.gateway_server
@@ -191,3 +194,99 @@ async def test_integers_at_the_64_bit_bounds_are_kept_exactly(client: httpx.Asyn
     async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as stream:
         body = await stream.aread()
     assert b"data: " + payload + b"\n" in body
+
+
+# ------------------------------------------------------------------------ 10. small leaks
+
+
+async def test_trailing_slash_reflects_neither_host_nor_token(client: httpx.AsyncClient) -> None:
+    producer = await ProducerClient.claim(client)
+    for path in (f"/v1/runs/{producer.run_id}/", f"/v1/runs/{producer.run_id}/stream/"):
+        response = await client.get(
+            path,
+            params={"access_token": "SECRET-TOKEN"},
+            headers={"Host": "localhost.evil.example"},
+        )
+        assert response.status_code == 404, response.headers
+        assert "location" not in response.headers
+        assert "SECRET-TOKEN" not in response.text and "evil" not in response.text
+
+
+@pytest.mark.parametrize("timeout", ["\u0661", "\uff11", "1_0", " 1", "1 ", "inf", "1e1", "+1"])
+async def test_wait_timeout_takes_ascii_digits_only(
+    client: httpx.AsyncClient, timeout: str
+) -> None:
+    producer = await ProducerClient.claim(client)
+    response = await client.get(f"/v1/runs/{producer.run_id}/wait", params={"timeout": timeout})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid_input"
+
+
+async def test_wait_timeout_accepts_plain_seconds(client: httpx.AsyncClient) -> None:
+    producer = await ProducerClient.claim(client)
+    response = await client.get(f"/v1/runs/{producer.run_id}/wait", params={"timeout": "0.05"})
+    assert response.status_code == 202 and response.json() == {"status": "running"}
+
+
+async def test_backend_errors_do_not_show_the_redis_address(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    port = fresh_redis.address[1]
+    with serve(make_settings("redis", fresh_redis.url, key_prefix), "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
+            producer = await ProducerClient.claim(client)
+            await producer.publish(("token", "a"))
+            url = f"/v1/runs/{producer.run_id}/stream"
+            async with client.stream("GET", url) as stream:
+                frames = iter_frames(stream)
+                async for frame in frames:
+                    if frame.id is not None:
+                        break
+                fresh_redis.kill()
+                rest = [frame async for frame in frames]
+            status = await client.get(f"/v1/runs/{producer.run_id}")
+            ready = await client.get("/readyz")
+    [unavailable] = [f for f in rest if f.event == "unavailable"]
+    for text in (unavailable.data.decode(), status.text, ready.text):
+        assert str(port) not in text and "connecting" not in text.lower(), text
+    assert status.status_code == 503 and status.json()["error"] == "backend_unavailable"
+    assert ready.status_code == 503
+
+
+SECRET = "jwt-secret-0123456789-0123456789-abc"
+KEY = "producer-key-0123456789"
+
+
+@pytest.mark.gateway_settings(jwt_secret=SECRET, api_keys=(KEY,))
+async def test_stream_ends_cleanly_when_its_token_expires(gateway_server: RunningServer) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(
+        base_url=gateway_server.base_url, timeout=15, headers=auth
+    ) as producer_client:
+        producer = await ProducerClient.claim(producer_client)
+        [first] = await producer.publish(("token", "a"))
+        token = mint_subscriber_token(SECRET, runs=[producer.run_id], ttl_seconds=1.5)
+        async with httpx.AsyncClient(base_url=gateway_server.base_url, timeout=15) as reader:
+            url = f"/v1/runs/{producer.run_id}/stream"
+            frames = []
+            # the response ends by itself (no exception: a complete chunked body)
+            async with reader.stream("GET", url, params={"access_token": token}) as stream:
+                async for frame in iter_frames(stream):
+                    frames.append(frame)
+            assert [f.id for f in frames if f.id] == [first]
+            assert not [f for f in frames if f.event in ("end", "gap", "unavailable")]
+            assert any(b"token expired" in c for f in frames for c in f.comments)
+            # the same token is refused now: the client must come back with a fresh one
+            again = await reader.get(url, params={"access_token": token})
+            assert again.status_code == 401 and again.json()["error"] == "token_expired"
+            fresh = mint_subscriber_token(SECRET, runs=[producer.run_id], ttl_seconds=60)
+            await producer.publish(("token", "b"))
+            await producer.end()
+            resumed = []
+            async with reader.stream(
+                "GET", url, params={"access_token": fresh}, headers={"Last-Event-ID": first}
+            ) as stream:
+                async for frame in iter_frames(stream):
+                    resumed.append(frame)
+            assert [f.json() for f in resumed if f.id] == ["b"]
+            assert resumed[-1].event == "end"

@@ -124,6 +124,9 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
     app = GatewayApp(
         routes=routes, lifespan=lifespan, middleware=[Middleware(RequestLogMiddleware)]
     )
+    # No trailing-slash redirects: Starlette builds their Location from the Host header
+    # and copies the query string (a subscriber's `access_token`) into it.
+    app.router.redirect_slashes = False
     install_error_handlers(app)
     app.state.gateway = state
     return app

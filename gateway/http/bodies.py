@@ -25,6 +25,7 @@ _MISSING: Final = object()
 _LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
 # Strings and numbers of a valid JSON text (outside strings only numbers hold digits).
 _TOKENS: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
+_SECONDS_RE: Final = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
 
@@ -141,10 +142,10 @@ def query_seconds(request: Request, key: str, default: float) -> float:
     raw = request.query_params.get(key)
     if raw is None or raw == "":
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput(f"{key} must be a number of seconds") from None
+    # ASCII digits only: float() also takes other scripts' digits, `_`, spaces, `inf`
+    if not _SECONDS_RE.fullmatch(raw):
+        raise InvalidInput(f"{key} must be a number of seconds (ASCII digits, e.g. 2.5)")
+    value = float(raw)
     if not math.isfinite(value) or value < 0:
         raise InvalidInput(f"{key} must be a finite number >= 0")
     return value

@@ -80,10 +80,23 @@ def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
     return 500, None
 
 
+# What callers are told about a backend failure: the exception's text names internal
+# addresses (`Error 111 connecting to 10.0.0.5:6379`), which is the operators' business.
+BACKEND_UNAVAILABLE_DETAIL: Final = "the backend is unavailable; retry shortly"
+
+
+def public_detail(exc: Exception) -> str:
+    """The `detail` a client may see for `exc`."""
+    if isinstance(exc, BackendUnavailable | OSError):
+        return BACKEND_UNAVAILABLE_DETAIL
+    if isinstance(exc, GatewayError):
+        return str(exc) or exc.code.replace("_", " ")
+    return "internal error"
+
+
 def gateway_error_response(exc: GatewayError) -> Response:
     status, headers = _status_of(exc)
-    detail = str(exc) or exc.code.replace("_", " ")
-    return error_response(status, exc.code, detail, headers)
+    return error_response(status, exc.code, public_detail(exc), headers)
 
 
 async def _on_gateway_error(request: Request, exc: Exception) -> Response:

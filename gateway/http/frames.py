@@ -15,6 +15,7 @@ from ..values import End, StreamEvent, StreamGap, encode_json
 
 HEARTBEAT_FRAME: Final = b": heartbeat\n\n"
 SHUTDOWN_FRAME: Final = b": shutdown, reconnect with Last-Event-ID\n\n"
+TOKEN_EXPIRED_FRAME: Final = b": token expired, reconnect with a fresh token and Last-Event-ID\n\n"
 
 # The retry hint is jittered per connection so a deploy does not cause a reconnect storm.
 RETRY_MIN_MS: Final = 1000

@@ -150,6 +150,7 @@ def note_error(request: Request, exc: GatewayError) -> None:
             route_kind=kind,
             run_id=run_id,
             request_id=request_id,
+            cause=str(exc),  # for operators only: clients get a generic detail
         )
     elif isinstance(exc, ProducerFenced):
         if metrics is not None:
