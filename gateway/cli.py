@@ -32,7 +32,6 @@ exits 0.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import signal
 import socket
 import sys
@@ -44,6 +43,7 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
+from .hosts import is_loopback
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -92,20 +92,6 @@ def format_validation_error(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
         parts.append(f"{where}: {err.get('msg', 'invalid')} (got {err.get('input')!r})")
     return "invalid settings: " + "; ".join(parts)
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 (also bracketed, or IPv4-mapped) and `localhost`."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
 
 
 def build_settings(given: dict[str, Any]) -> Settings:

@@ -72,6 +72,21 @@ class Settings(BaseSettings):
     jwt_secret: str | None = None
     allow_open_nonloopback: bool = False
 
+    # Request heads (docs/operations.md): total head size, header count, the time a
+    # connection may take to send a complete request head, concurrent connections.
+    max_request_head_bytes: int = Field(16_384, ge=1_024)
+    max_request_headers: int = Field(100, ge=8)
+    request_head_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        validation_alias=_env(
+            "request_head_timeout_seconds",
+            "GATEWAY_REQUEST_HEAD_TIMEOUT",
+            "GATEWAY_REQUEST_HEAD_TIMEOUT_SECONDS",
+        ),
+    )
+    max_connections: int | None = Field(None, ge=1)
+
     max_event_bytes: int = Field(1_048_576, ge=64)
     max_body_bytes: int = Field(4_194_304, ge=64)
     max_batch_events: int = Field(1_000, ge=1)
@@ -91,6 +106,7 @@ class Settings(BaseSettings):
         "heartbeat_interval_seconds",
         "lease_seconds",
         "sse_send_timeout_seconds",
+        "request_head_timeout_seconds",
     )
     @classmethod
     def _finite(cls, value: float) -> float:

@@ -19,6 +19,8 @@ from tests.redis_servers import RedisServer
 from tests.sse_client import iter_frames
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+SECRET = "jwt-secret-0123456789-0123456789-abc"
+KEY = "producer-key-0123456789"
 gateway_server = http_server.gateway_server
 client = http_server.client
 
@@ -199,17 +201,20 @@ async def test_integers_at_the_64_bit_bounds_are_kept_exactly(client: httpx.Asyn
 # ------------------------------------------------------------------------ 10. small leaks
 
 
-async def test_trailing_slash_reflects_neither_host_nor_token(client: httpx.AsyncClient) -> None:
-    producer = await ProducerClient.claim(client)
-    for path in (f"/v1/runs/{producer.run_id}/", f"/v1/runs/{producer.run_id}/stream/"):
-        response = await client.get(
-            path,
-            params={"access_token": "SECRET-TOKEN"},
-            headers={"Host": "localhost.evil.example"},
-        )
-        assert response.status_code == 404, response.headers
-        assert "location" not in response.headers
-        assert "SECRET-TOKEN" not in response.text and "evil" not in response.text
+@pytest.mark.gateway_settings(api_keys=(KEY,), jwt_secret=SECRET)
+async def test_trailing_slash_reflects_neither_host_nor_token(
+    gateway_server: RunningServer,
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway_server.base_url, timeout=10) as client:
+        for path in ("/v1/runs/r1/", "/v1/runs/r1/stream/", "/healthz/"):
+            response = await client.get(
+                path,
+                params={"access_token": "SECRET-TOKEN"},
+                headers={"Host": "evil.example"},
+            )
+            assert response.status_code == 404, response.headers
+            assert "location" not in response.headers
+            assert "SECRET-TOKEN" not in response.text and "evil" not in response.text
 
 
 @pytest.mark.parametrize("timeout", ["\u0661", "\uff11", "1_0", " 1", "1 ", "inf", "1e1", "+1"])
@@ -253,10 +258,6 @@ async def test_backend_errors_do_not_show_the_redis_address(
     assert ready.status_code == 503
 
 
-SECRET = "jwt-secret-0123456789-0123456789-abc"
-KEY = "producer-key-0123456789"
-
-
 @pytest.mark.gateway_settings(jwt_secret=SECRET, api_keys=(KEY,))
 async def test_stream_ends_cleanly_when_its_token_expires(gateway_server: RunningServer) -> None:
     auth = {"Authorization": f"Bearer {KEY}"}
@@ -290,3 +291,70 @@ async def test_stream_ends_cleanly_when_its_token_expires(gateway_server: Runnin
                     resumed.append(frame)
             assert [f.json() for f in resumed if f.id] == ["b"]
             assert resumed[-1].event == "end"
+
+
+# ---------------------------------------------- 9. open mode is not reachable from web pages
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.nip.io", "::1"])
+async def test_open_mode_answers_only_loopback_host_names(
+    client: httpx.AsyncClient, host: str
+) -> None:
+    producer = await ProducerClient.claim(client)
+    for path in (f"/v1/runs/{producer.run_id}", f"/v1/runs/{producer.run_id}/stream", "/"):
+        response = await client.get(path, headers={"Host": host})
+        assert response.status_code == 403, (path, response.text)
+        assert response.json()["error"] == "host_not_allowed"
+    refused = await client.post(
+        f"/v1/runs/{producer.run_id}/cancel", json={}, headers={"Host": host}
+    )
+    assert refused.status_code == 403
+    assert (await client.get(f"/v1/runs/{producer.run_id}")).json()["cancel_requested"] is False
+
+
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST:8000", "127.0.0.2:1", "[::1]:8000"])
+async def test_open_mode_serves_loopback_host_names(client: httpx.AsyncClient, host: str) -> None:
+    producer = await ProducerClient.claim(client)
+    response = await client.get(f"/v1/runs/{producer.run_id}", headers={"Host": host})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.gateway_settings(api_keys=(KEY,))
+async def test_with_api_keys_any_host_name_is_served(gateway_server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=gateway_server.base_url, timeout=10) as client:
+        response = await client.post(
+            "/v1/runs",
+            json={},
+            headers={"Host": "gateway.example.com", "Authorization": f"Bearer {KEY}"},
+        )
+        assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_json_routes_require_a_json_content_type(
+    client: httpx.AsyncClient, content_type: str | None
+) -> None:
+    producer = await ProducerClient.claim(client, lease_seconds=1)
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    run = f"/v1/runs/{producer.run_id}"
+    attempts = [
+        ("/v1/runs", {}, b'{"run_id":"' + producer.run_id.encode() + b'","takeover":true}'),
+        (f"{run}/cancel", {}, b""),
+        (f"{run}/events", _h(producer), b'{"event":"token","data":"x"}'),
+        (f"{run}/lease", _h(producer), b"{}"),
+        (f"{run}/end", _h(producer), b'{"status":"success"}'),
+    ]
+    for path, extra, body in attempts:
+        response = await client.post(path, content=body, headers={**headers, **extra})
+        assert response.status_code == 415, (path, response.text)
+        assert response.json()["error"] == "unsupported_media_type"
+    info = (await client.get(run)).json()
+    assert info["status"] == "running" and info["retained_events"] == 0
+    assert info["cancel_requested"] is False
+    # the same requests, saying JSON (a charset parameter is fine)
+    ok = await client.post(
+        f"{run}/events",
+        content=b'{"event":"token","data":"x"}',
+        headers={**_h(producer), "Content-Type": "application/json; charset=utf-8"},
+    )
+    assert ok.status_code == 200, ok.text

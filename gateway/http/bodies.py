@@ -30,10 +30,26 @@ _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
 
 
+def require_json(request: Request) -> None:
+    """415 unless the request says `Content-Type: application/json` (body or not).
+
+    A browser sends a cross-origin `POST` without asking first (no CORS preflight) only
+    with a form or `text/plain` content type; requiring JSON on every `POST` keeps web
+    pages from driving the producer and cancel routes of a gateway they can reach.
+    """
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise HttpError(
+            415, "unsupported_media_type", "send the request with Content-Type: application/json"
+        )
+
+
 async def read_json_object(
     request: Request, max_bytes: int, *, allow_empty: bool
 ) -> dict[str, Any]:
-    """The request body as a JSON object, read up to `max_bytes` (413 beyond)."""
+    """The request body as a JSON object, read up to `max_bytes` (413 beyond); the
+    request must say it is JSON (`require_json`)."""
+    require_json(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")

@@ -21,7 +21,7 @@ from ..names import check_run_id
 from ..values import End, RunInfo, StreamEvent, StreamGap
 from . import access
 from .auth import Principal
-from .bodies import query_seconds
+from .bodies import query_seconds, require_json
 from .frames import end_frame
 from .responses import json_response
 from .sse import ResumeStart, SSEResponse
@@ -124,6 +124,7 @@ async def stream_run(request: Request) -> Response:
 
 async def cancel_run(request: Request) -> Response:
     principal = access.subscriber(request)
+    require_json(request)  # no body, but never a request a web page may send unasked
     state = gateway_state(request)
     info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
     if not await state.bridge.request_cancel(info.run_id):
