@@ -17,6 +17,10 @@ A flag beats its environment variable.
     --legacy-end-scan/--no-...       GATEWAY_LEGACY_END_SCAN      true
     --log-format text|json           GATEWAY_LOG_FORMAT           text
     --allow-open-nonloopback         GATEWAY_ALLOW_OPEN_NONLOOPBACK  false
+    --max-connections                GATEWAY_MAX_CONNECTIONS      open-file limit - reserve
+    --request-head-timeout           GATEWAY_REQUEST_HEAD_TIMEOUT 10 (seconds)
+    (env only)                       GATEWAY_MAX_REQUEST_HEAD_BYTES  16384
+    (env only)                       GATEWAY_MAX_REQUEST_HEADERS  100
     --demo                           (flag only)                  off
 
 Startup refuses (a one-line message on stderr, exit code 2, before any port is bound):
@@ -70,6 +74,8 @@ _SETTINGS_FIELDS: Final = {
     "legacy_end_scan": "legacy_end_scan_enabled",
     "log_format": "log_format",
     "allow_open_nonloopback": "allow_open_nonloopback",
+    "max_connections": "max_connections",
+    "request_head_timeout": "request_head_timeout_seconds",
 }
 
 
@@ -178,18 +184,16 @@ class _StopSignals:
 async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
     """Run the server until it is told to stop; returns the process exit code."""
     import anyio
-    import uvicorn
 
     from .bridge.provider import open_bridge
     from .http.app import create_app
-    from .http.server import GatewayServer
+    from .http.server import GatewayServer, server_config
 
     async with open_bridge(settings) as bridge:
         app = create_app(settings, bridge=bridge)
-        config = uvicorn.Config(
+        config = server_config(
             app,
-            host=settings.host,
-            port=settings.port,
+            settings,
             log_config=None,  # keep the logging configured by gateway.logging
             access_log=False,  # gateway.http.observe logs one structured line per request
             lifespan="on",
@@ -267,6 +271,18 @@ def cli() -> None:
     is_flag=True,
     default=False,
     help="Serve without authentication on a non-loopback address (unsafe).",
+)
+@click.option(
+    "--max-connections",
+    type=int,
+    default=None,
+    help="Open connections beyond which new ones get 503 (default: from the file limit).",
+)
+@click.option(
+    "--request-head-timeout",
+    type=float,
+    default=None,
+    help="Seconds a connection has to send a complete request head.",
 )
 @click.option("--demo", is_flag=True, default=False, help="Also run the demo producer.")
 @click.pass_context
