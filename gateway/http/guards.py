@@ -7,6 +7,9 @@
   name loopback (`localhost`, `*.localhost`, `127.x.y.z`, `[::1]`); anything else is a
   `403 host_not_allowed`. A gateway forced open on another address
   (`allow_open_nonloopback`) skips this: its operator chose the names it answers to.
+  So do the routes that never need credentials and reveal no run data (`/healthz`,
+  `/readyz`, `/metrics`, `/openapi.json`), which load balancers probe under their own
+  host names.
 - **Header count.** More than `max_request_headers` header lines is a
   `431 too_many_headers` (their total size is bounded by the HTTP parser).
 """
@@ -22,6 +25,7 @@ from ..settings import Settings
 from .responses import json_response
 
 _HOST: Final = b"host"
+_ANY_HOST_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
 class RequestGuard:
@@ -34,7 +38,7 @@ class RequestGuard:
         headers = scope["headers"]
         if len(headers) > self._max_headers:
             return 431, "too_many_headers", f"at most {self._max_headers} request headers"
-        if self._loopback_only:
+        if self._loopback_only and scope["path"] not in _ANY_HOST_PATHS:
             for name, value in headers:
                 if name == _HOST:
                     if not host_header_is_loopback(value.decode("latin-1")):
