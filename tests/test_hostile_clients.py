@@ -143,6 +143,27 @@ def test_an_endless_header_neither_grows_the_process_nor_is_read_whole(tmp_path:
         assert httpx.get(gateway.base + "/healthz", timeout=5).status_code == 200
 
 
+async def test_a_large_body_and_pipelined_requests_are_not_taken_for_a_long_head(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client)
+    body = b'{"event":"token","data":"' + b"x" * 600_000 + b'"}'
+    request = (
+        f"POST /v1/runs/{producer.run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nX-Producer-Token: {producer.token}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    probe = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(request + probe + probe)  # one write: head, body, two pipelined heads
+        replies = b""
+        while replies.count(b"HTTP/1.1 200") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, replies
+            replies += chunk
+    assert b"431" not in replies
+
+
 async def test_too_many_headers_are_refused(
     client: httpx.AsyncClient, gateway_server: RunningServer
 ) -> None:

@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from ..settings import Settings
 from .app import drain
-from .connections import GatewayH11Protocol
+from .connections import GatewayHttpProtocol
 
 
 def server_config(app: Starlette, settings: Settings, **options: Any) -> uvicorn.Config:
@@ -26,8 +26,7 @@ def server_config(app: Starlette, settings: Settings, **options: Any) -> uvicorn
     options.setdefault("port", settings.port)
     return uvicorn.Config(
         app,
-        http=GatewayH11Protocol.configured(settings),
-        h11_max_incomplete_event_size=settings.max_request_head_bytes,
+        http=GatewayHttpProtocol.configured(settings),
         **options,
     )
 
