@@ -227,11 +227,10 @@ class _StopSignals:
 async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
     """Run the server until it is told to stop; returns the process exit code."""
     import anyio
-    import uvicorn
 
     from .bridge.provider import open_bridge
     from .http.app import create_app
-    from .http.server import GatewayServer
+    from .http.server import GatewayServer, server_config
 
     demo_key: str | None = None
     shown = settings  # what the demo's log lines describe: the gateway as configured
@@ -241,10 +240,9 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
         settings, demo_key = with_demo_key(settings)  # the demo is a producer like any other
     async with open_bridge(settings) as bridge:
         app = create_app(settings, bridge=bridge)
-        config = uvicorn.Config(
+        config = server_config(
             app,
-            host=settings.host,
-            port=settings.port,
+            settings,
             log_config=None,  # keep the logging configured by gateway.logging
             access_log=False,  # gateway.http.observe logs one structured line per request
             lifespan="on",

@@ -4,6 +4,7 @@ Exception
 ├── GatewayError               raised on purpose by the library (this module)
 │   ├── InvalidInput           bad run id, event name, status, cursor, payload; also a ValueError
 │   │   ├── PayloadTooLarge    an event or batch over the configured limits
+│   │   ├── ReservedEventName  an event named like one of the gateway's own frames
 │   │   └── MalformedCursor    a cursor that is not `<ms>-<seq>` (gateway.cursor)
 │   ├── RunNotFound            no record of the run
 │   ├── ProducerFenced         stale/wrong producer token or expired lease
@@ -51,6 +52,10 @@ class InvalidInput(GatewayError, ValueError):
 
 class PayloadTooLarge(InvalidInput):
     code = "too_large"
+
+
+class ReservedEventName(InvalidInput):
+    code = "reserved_event_name"
 
 
 class RunNotFound(GatewayError):

@@ -5,13 +5,18 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .errors import InvalidInput
+from .errors import InvalidInput, ReservedEventName
 from .values import END_STATUSES, EndStatus
 
 # Run and session ids: 1-128 chars of [A-Za-z0-9._:-], the first a letter or digit.
 ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 _ID_RE: Final = re.compile(ID_PATTERN)
 _EVENT_RE: Final = re.compile(r"[!-9;-~]{1,64}")  # printable ASCII except ':' and space
+
+# The names of the frames the gateway writes itself (run END, gap, backend unavailable,
+# the session feed's turn boundaries): a producer event by one of these names would be
+# indistinguishable from them to a client that dispatches by name.
+RESERVED_EVENT_NAMES: Final = frozenset({"end", "gap", "unavailable", "turn", "turn_end"})
 
 
 def is_valid_id(value: str) -> bool:
@@ -38,6 +43,11 @@ def check_session_id(session_id: str) -> str:
 def check_event_name(name: str) -> str:
     if not isinstance(name, str) or not _EVENT_RE.fullmatch(name):
         raise InvalidInput("event name must be 1-64 printable ASCII chars without ':' or spaces")
+    if name in RESERVED_EVENT_NAMES:
+        raise ReservedEventName(
+            f"event name {name!r} is reserved for the gateway's own frames "
+            f"({', '.join(sorted(RESERVED_EVENT_NAMES))})"
+        )
     return name
 
 

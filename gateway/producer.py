@@ -186,7 +186,10 @@ class Producer:
             if value is not None:
                 self._claim_body[key] = value
         self._base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Every request is a POST with a JSON body (or none): the gateway asks for the type.
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self._client = client
         self._own_client = client is None
         self._request_timeout = request_timeout
@@ -428,7 +431,6 @@ class Producer:
             self._inflight = self._take_batch()
         batch = self._inflight
         headers = {"X-Producer-Token": self.token, SEQ_HEADER: str(batch.seq)}
-        headers["Content-Type"] = "application/json"
         reply = await self._request(f"/v1/runs/{self.run_id}/events", batch.body(), headers)
         ids = reply.get("ids", [])
         if len(ids) != len(batch.items):
@@ -485,7 +487,7 @@ class Producer:
         body: dict[str, Any] = {"status": status}
         if error is not None:
             body["error"] = error
-        headers = {"X-Producer-Token": self.token, "Content-Type": "application/json"}
+        headers = {"X-Producer-Token": self.token}
         await self._request(f"/v1/runs/{self.run_id}/end", orjson.dumps(body), headers)
         self.end_status = status
 

@@ -18,7 +18,6 @@ forces it), whoever builds them: the command line and library users of `create_a
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Annotated, Literal, Self
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
@@ -29,6 +28,8 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from .hosts import is_loopback
 
 ENV_PREFIX = "GATEWAY_"
 MIN_JWT_SECRET_BYTES = 32
@@ -45,20 +46,6 @@ def _split_commas(value: object) -> object:
 CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_split_commas)]
 # A duration in seconds: positive and finite.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 (also bracketed, or IPv4-mapped) and `localhost`."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
 
 
 class Settings(BaseSettings):
@@ -123,6 +110,20 @@ class Settings(BaseSettings):
     allow_open_nonloopback: bool = Field(
         False,
         description="Serve without authentication on a non-loopback address (unsafe).",
+    )
+
+    max_request_head_bytes: int = Field(
+        16_384, ge=1_024, description="Largest request head (request line and headers)."
+    )
+    max_request_headers: int = Field(100, ge=8, description="Most headers in one request.")
+    request_head_timeout_seconds: Seconds = Field(
+        10.0, description="A connection must send a complete request head within this."
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Concurrent connections per process, 503 beyond (default: from the "
+        "file limit).",
     )
 
     max_event_bytes: int = Field(1_048_576, ge=64, description="Largest encoded event payload.")

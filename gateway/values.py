@@ -20,11 +20,43 @@ class RawJSON(bytes):
     """Payload bytes the caller already encoded as compact JSON: published as they are."""
 
 
+# U+2028, U+2029 and U+0085 in UTF-8. Line splitters such as `str.splitlines()` break
+# lines at them, so written raw inside a `data:` line they would let a payload forge an
+# `id:` or `event:` line. Their lead bytes never occur inside another character.
+_LINE_BREAKS: Final = (
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+    (b"\xc2\x85", b"\\u0085"),
+)
+
+
+def escape_line_breaks(encoded: bytes) -> bytes:
+    """`encoded` JSON with U+2028, U+2029 and U+0085 written as `\\uXXXX` (same value)."""
+    if b"\xe2\x80" not in encoded and b"\xc2\x85" not in encoded:
+        return encoded
+    for raw, escaped in _LINE_BREAKS:
+        encoded = encoded.replace(raw, escaped)
+    return encoded
+
+
 def encode_json(value: Any) -> bytes:
-    """Compact JSON, the one encoding used for payloads on the wire and in Redis."""
+    """Compact JSON, the one encoding used for payloads on the wire and in Redis.
+
+    Never holds a raw U+2028, U+2029 or U+0085 (see `escape_line_breaks`).
+    """
     if isinstance(value, RawJSON):
-        return bytes(value)
-    return orjson.dumps(value)
+        return escape_line_breaks(bytes(value))
+    return escape_line_breaks(orjson.dumps(value))
+
+
+def encode_nested(value: Any, depth: int) -> bytes:
+    """`encode_json(value)`, raising TypeError unless `value` also encodes `depth`
+    containers deep inside another document (the encoder refuses nesting beyond a fixed
+    limit, so a value that encodes alone may not once stored inside a record)."""
+    wrapped = value
+    for _ in range(depth):
+        wrapped = [wrapped]
+    return encode_json(wrapped)[depth : -depth or None]
 
 
 @dataclass(slots=True)

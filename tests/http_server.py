@@ -25,7 +25,7 @@ import pytest
 import uvicorn
 
 from gateway.http.app import create_app
-from gateway.http.server import GatewayServer
+from gateway.http.server import GatewayServer, server_config
 from gateway.http.state import GatewayState
 from gateway.settings import Settings
 
@@ -84,8 +84,9 @@ class RunningServer:
 @contextmanager
 def serve(settings: Settings, backend: str = "memory") -> Iterator[RunningServer]:
     app = create_app(settings)
-    config = uvicorn.Config(
+    config = server_config(
         app,
+        settings,
         host="127.0.0.1",
         port=0,
         lifespan="on",

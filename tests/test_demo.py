@@ -165,7 +165,7 @@ async def test_cancel_request_ends_the_demo_run_cancelled(
         tg.start_soon(lambda: run_demo(gateway_server.base_url, token_delay=0.01, max_runs=1))
         with anyio.fail_after(5):
             await demo_log.run_started.wait()
-        cancel = await client.post(f"/v1/runs/{run_ids(demo_log)[0]}/cancel")
+        cancel = await client.post(f"/v1/runs/{run_ids(demo_log)[0]}/cancel", json={})
         assert cancel.status_code == 202
     texts, status = await read_run(client, run_ids(demo_log)[0])
     assert status == "cancelled" and len(texts) < len(list(demo_tokens()))

@@ -333,7 +333,7 @@ async def test_zombie_producer_after_takeover_is_fenced_and_never_interleaves(
                     assert response.json()["error"] == "fenced"
                     zombie.fenced.append(response)
                     lease = await clients[0].post(
-                        f"/v1/runs/{old.run_id}/lease", headers=zombie.headers
+                        f"/v1/runs/{old.run_id}/lease", json={}, headers=zombie.headers
                     )
                     assert lease.status_code == 409 and lease.json()["error"] == "fenced"
 

@@ -90,7 +90,7 @@ async def test_readyz_reports_backend_down(
             response = await client.get("/readyz")
             assert response.status_code == 503 and "retry-after" in response.headers
             assert response.json()["error"] == "backend_unavailable"
-            claim = await client.post("/v1/runs")
+            claim = await client.post("/v1/runs", json={})
             assert claim.status_code == 503 and claim.json()["error"] == "backend_unavailable"
 
 
@@ -102,12 +102,12 @@ async def test_auth_on_every_kind_of_route(key_prefix: str) -> None:
     key = {"Authorization": "Bearer k1"}
     with serve(settings) as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
-            assert (await client.post("/v1/runs")).status_code == 401
+            assert (await client.post("/v1/runs", json={})).status_code == 401
             assert (
-                await client.post("/v1/runs", headers={"Authorization": "Bearer x"})
+                await client.post("/v1/runs", json={}, headers={"Authorization": "Bearer x"})
             ).status_code == 401
             a = (await client.post("/v1/runs", json={"session_id": "sa"}, headers=key)).json()
-            b = (await client.post("/v1/runs", headers=key)).json()
+            b = (await client.post("/v1/runs", json={}, headers=key)).json()
             token_a = mint_subscriber_token(SECRET, runs=[a["run_id"]])
             by_session = mint_subscriber_token(SECRET, sessions=["sa"])
             expired = mint_subscriber_token(SECRET, runs=[a["run_id"]], now=time.time() - 7200)
@@ -125,7 +125,7 @@ async def test_auth_on_every_kind_of_route(key_prefix: str) -> None:
             )
             assert session_read.status_code == 200
             # A subscriber token never writes or deletes.
-            assert (await client.post("/v1/runs", headers=bearer)).status_code == 403
+            assert (await client.post("/v1/runs", json={}, headers=bearer)).status_code == 403
             assert (
                 await client.delete(f"/v1/runs/{a['run_id']}", headers=bearer)
             ).status_code == 403

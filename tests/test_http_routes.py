@@ -49,7 +49,8 @@ async def test_claim_generates_run_id_and_stores_session(client: httpx.AsyncClie
 
 
 async def test_claim_empty_body_is_fine(client: httpx.AsyncClient) -> None:
-    assert (await client.post("/v1/runs")).status_code == 201
+    empty = {"Content-Type": "application/json"}
+    assert (await client.post("/v1/runs", headers=empty)).status_code == 201
 
 
 async def test_claim_conflicts(client: httpx.AsyncClient) -> None:
@@ -174,7 +175,7 @@ async def test_publish_token_and_state_errors(client: httpx.AsyncClient) -> None
     )
     await producer.end()
     _error(await client.post(url, json={"event": "a"}, headers=_h(producer)), 409, "ended")
-    lease = await client.post(f"/v1/runs/{producer.run_id}/lease", headers=_h(producer))
+    lease = await client.post(f"/v1/runs/{producer.run_id}/lease", json={}, headers=_h(producer))
     _error(lease, 409, "ended")
 
 
@@ -201,7 +202,9 @@ async def test_limits_413(client: httpx.AsyncClient) -> None:
         for _ in range(10):
             yield b" " * 512
 
-    response = await client.post(url, content=chunks(), headers=_h(producer))
+    response = await client.post(
+        url, content=chunks(), headers={**_h(producer), "Content-Type": "application/json"}
+    )
     _error(response, 413, "too_large")
     ok = {"events": [{"event": "a", "data": "x" * 200} for _ in range(3)]}
     assert (await client.post(url, json=ok, headers=_h(producer))).status_code == 200
@@ -248,21 +251,21 @@ async def test_lease_renewal(client: httpx.AsyncClient) -> None:
         422,
         "invalid_input",
     )
-    _error(await client.post(url, headers={"X-Producer-Token": "bad"}), 409, "fenced")
+    _error(await client.post(url, json={}, headers={"X-Producer-Token": "bad"}), 409, "fenced")
 
 
 async def test_cancel_is_seen_in_next_publish_and_lease_reply(client: httpx.AsyncClient) -> None:
     producer = await ProducerClient.claim(client)
-    cancel = await client.post(f"/v1/runs/{producer.run_id}/cancel")
+    cancel = await client.post(f"/v1/runs/{producer.run_id}/cancel", json={})
     assert cancel.status_code == 202 and cancel.json()["cancel_requested"] is True
     published = await client.post(
         f"/v1/runs/{producer.run_id}/events", json={"event": "a"}, headers=_h(producer)
     )
     assert published.json()["cancel_requested"] is True
-    lease = await client.post(f"/v1/runs/{producer.run_id}/lease", headers=_h(producer))
+    lease = await client.post(f"/v1/runs/{producer.run_id}/lease", json={}, headers=_h(producer))
     assert lease.json()["cancel_requested"] is True
     assert (await client.get(f"/v1/runs/{producer.run_id}")).json()["cancel_requested"] is True
-    _error(await client.post("/v1/runs/nope/cancel"), 404, "run_not_found")
+    _error(await client.post("/v1/runs/nope/cancel", json={}), 404, "run_not_found")
 
 
 # --------------------------------------------------------------------- reads, delete

@@ -298,7 +298,7 @@ def _stuck_client(server: RunningServer, run_id: str) -> Iterator[socket.socket]
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect((url.hostname, url.port))
-        sock.sendall(f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        sock.sendall(f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         server.wait_open_sse(1)
         yield sock
     finally:

@@ -260,7 +260,7 @@ async def test_backend_unavailable_logged(
     with serve(make_settings("redis", redis.url, key_prefix), "redis") as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
             redis.kill()
-            response = await client.post("/v1/runs", headers={"X-Request-ID": "down-1"})
+            response = await client.post("/v1/runs", json={}, headers={"X-Request-ID": "down-1"})
             assert response.status_code == 503
     event = json_logs.wait(event_line("backend_unavailable", request_id="down-1"))
     assert event["route_kind"] == "producer" and event["level"] == "WARNING"

@@ -271,7 +271,7 @@ async def test_backend_unavailable_by_route_kind(
             producer = await ProducerClient.claim(client)
             before = await scrape(client)
             redis.kill()
-            claim = await client.post("/v1/runs")
+            claim = await client.post("/v1/runs", json={})
             assert claim.status_code == 503
             status = await client.get(f"/v1/runs/{producer.run_id}")
             assert status.status_code == 503

@@ -190,7 +190,7 @@ async def test_a_cancel_request_stops_the_block_and_ends_the_run_cancelled(
     async with Producer(gateway_server.base_url, renew_interval=0.05) as run:
         await run.send("token", {"n": 0})
         await run.flush()
-        assert (await client.post(f"/v1/runs/{run.run_id}/cancel")).status_code == 202
+        assert (await client.post(f"/v1/runs/{run.run_id}/cancel", json={})).status_code == 202
         with anyio.fail_after(10):
             await anyio.sleep_forever()  # the cancel request cancels this
     assert run.cancel_requested and run.end_status == "cancelled"
@@ -204,7 +204,7 @@ async def test_without_cancel_on_request_the_code_awaits_the_request_itself(
         gateway_server.base_url, renew_interval=0.05, cancel_on_request=False
     ) as run:
         assert not run.cancel_requested
-        assert (await client.post(f"/v1/runs/{run.run_id}/cancel")).status_code == 202
+        assert (await client.post(f"/v1/runs/{run.run_id}/cancel", json={})).status_code == 202
         with anyio.fail_after(10):
             await run.wait_cancel_requested()
         assert run.cancel_requested

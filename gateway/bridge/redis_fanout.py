@@ -68,7 +68,7 @@ class RunFeed:
         self.items: list[Entry] = []
         self._window = window
         self.stale = True  # a change may be waiting in Redis
-        self.removed = False  # the log was seen and then found missing
+        self.removed = False  # the log was seen and is missing now
         self.missing = False  # the last read found no log (readers ask Redis themselves)
         self.closed = False
         self.last_read = 0.0
@@ -183,7 +183,9 @@ class RunFeed:
             self.missing = True
             return False
         self._seen = True
-        self.missing = False
+        # A log written again after a removal: readers that had not yet seen the removal
+        # go on from the window (the floor check below keeps them exact).
+        self.removed = self.missing = False
         assert read.bounds is not None
         if missed_events(parse_cursor(self.head), read.bounds):
             # The feed itself is behind the log's floor (a burst larger than the retained

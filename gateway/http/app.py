@@ -43,6 +43,7 @@ from ..settings import Settings
 from . import langgraph, operator, ops, producer, sessions_routes, subscriber
 from .auth import Authenticator
 from .errors import install_error_handlers
+from .guards import RequestGuard
 from .liveness import monitor
 from .metrics import Metrics
 from .observe import RequestLogMiddleware, begin_request, lifecycle
@@ -125,6 +126,10 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
     app = GatewayApp(
         routes=routes, lifespan=lifespan, middleware=[Middleware(RequestLogMiddleware)]
     )
+    # No trailing-slash redirects: Starlette builds their Location from the Host header
+    # and copies the query string (a subscriber's `access_token`) into it.
+    app.router.redirect_slashes = False
+    app.guard = RequestGuard(settings, state.auth.open_mode)
     install_error_handlers(app)
     app.state.gateway = state
     return app
@@ -148,8 +153,19 @@ class GatewayApp(Starlette):
     """
 
     _handlers: tuple[dict[Any, ExceptionHandler], dict[int, ExceptionHandler]] | None = None
+    guard: RequestGuard | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.guard is not None:
+            refusal = self.guard.refusal(scope)
+            if refusal is not None:
+                sender = begin_request(scope, send)  # its request log line, with the code
+                sender.record.outcome = refusal[1]
+                try:
+                    await self.guard.refuse(scope, sender, refusal)
+                finally:
+                    sender.finished()
+                return
         if scope["type"] == "http" and scope["method"] == "GET" and not self.debug:
             path: str = scope["path"]
             if path.endswith(("/stream", "/join")):

@@ -64,6 +64,8 @@ class Principal:
     sessions: frozenset[str] = frozenset()
     subject: str | None = None
     kind: Literal["open", "api_key", "token"] = "token"
+    # unix seconds after which a token is refused (its `exp` plus the leeway); None: never
+    expires_at: float | None = None
 
     def may_read_run(self, run_id: str, session_id: str | None) -> bool:
         if self.full_access or run_id in self.runs:
@@ -172,6 +174,7 @@ class Authenticator:
             sessions=_id_list(claims, "sessions"),
             subject=subject if isinstance(subject, str) else None,
             kind="token",
+            expires_at=float(claims["exp"]) + self._leeway,
         )
 
     # -- producer / operator ------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Final
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..errors import (
@@ -40,6 +40,9 @@ from .observe import ErrorSignal, note_error, note_http_error
 from .responses import json_response
 
 RETRY_AFTER_SECONDS: Final = 1
+# What the request log shows for a request whose client left before sending its whole
+# body (nobody receives the response; the status is the one proxies use for this).
+CLIENT_CLOSED_STATUS: Final = 499
 
 
 class HttpError(Exception):
@@ -113,11 +116,24 @@ def rule_of(exc: GatewayError) -> ErrorRule:
     raise AssertionError("unreachable: GatewayError has a row")
 
 
+# What callers are told about a backend failure: the exception's text names internal
+# addresses (`Error 111 connecting to 10.0.0.5:6379`), which is the operators' business.
+BACKEND_UNAVAILABLE_DETAIL: Final = "the backend is unavailable; retry shortly"
+
+
+def public_detail(exc: Exception) -> str:
+    """The `detail` a client may see for `exc`."""
+    if isinstance(exc, BackendUnavailable | OSError):
+        return BACKEND_UNAVAILABLE_DETAIL
+    if isinstance(exc, GatewayError):
+        return str(exc) or exc.code.replace("_", " ")
+    return "internal error"
+
+
 def gateway_error_response(exc: GatewayError) -> Response:
     rule = rule_of(exc)
-    detail = str(exc) or exc.code.replace("_", " ")
     headers = None if rule.headers is None else dict(rule.headers)
-    return error_response(rule.status, exc.code, detail, headers, exc.details())
+    return error_response(rule.status, exc.code, public_detail(exc), headers, exc.details())
 
 
 async def _on_gateway_error(request: Request, exc: Exception) -> Response:
@@ -144,7 +160,16 @@ async def _on_starlette_http_exception(request: Request, exc: Exception) -> Resp
     return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
+async def _on_client_disconnect(request: Request, exc: Exception) -> Response:
+    # Not a server error: no traceback, no 5xx; its own outcome in the request log.
+    note_http_error(request, "client_disconnect")
+    return error_response(
+        CLIENT_CLOSED_STATUS, "client_disconnect", "the client closed the connection"
+    )
+
+
 def install_error_handlers(app: Starlette) -> None:
+    app.add_exception_handler(ClientDisconnect, _on_client_disconnect)
     app.add_exception_handler(GatewayError, _on_gateway_error)
     app.add_exception_handler(HttpError, _on_http_error)
     app.add_exception_handler(HTTPException, _on_starlette_http_exception)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
-import orjson
-
-from ..values import End, StreamEvent, StreamGap
+from ..values import End, StreamEvent, StreamGap, encode_json
 
 HEARTBEAT_FRAME: Final = b": heartbeat\n\n"
 SHUTDOWN_FRAME: Final = b": shutdown, reconnect with Last-Event-ID\n\n"
+TOKEN_EXPIRED_FRAME: Final = b": token expired, reconnect with a fresh token and Last-Event-ID\n\n"
 
 # The retry hint is jittered per connection so a deploy does not cause a reconnect storm.
 RETRY_MIN_MS: Final = 1000
@@ -44,7 +43,7 @@ def _event_frame(item: StreamEvent) -> bytes:
 
 
 def _named(event: bytes, payload: Any) -> bytes:
-    return b"event: %s\ndata: %s\n\n" % (event, orjson.dumps(payload))
+    return b"event: %s\ndata: %s\n\n" % (event, encode_json(payload))
 
 
 def end_frame(end: End) -> bytes:

@@ -27,6 +27,7 @@ from ..errors import RunNotFound
 from ..names import check_run_id, check_session_id
 from ..values import RunInfo
 from . import access
+from .auth import Principal
 from .responses import json_response
 from .state import GatewayState, gateway_state
 from .subscriber import lookup, sse_response
@@ -41,26 +42,32 @@ LANGGRAPH_STATUS: Final[dict[str, str]] = {
 }
 
 
-async def _thread_run(request: Request, state: GatewayState) -> tuple[str, RunInfo]:
+async def _thread_run(request: Request, state: GatewayState) -> tuple[str, RunInfo, Principal]:
     principal = access.subscriber(request)
     session_id = check_session_id(request.path_params["session_id"])
     info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
     if info.session_id != session_id:
         raise RunNotFound(f"run {info.run_id} is not a run of thread {session_id}")
-    return session_id, info
+    return session_id, info, principal
 
 
 async def join_stream(request: Request) -> Response:
     state = gateway_state(request)
-    session_id, info = await _thread_run(request, state)
+    session_id, info, principal = await _thread_run(request, state)
     root = request.scope.get("root_path", "")
     location = f"{root}/threads/{session_id}/runs/{info.run_id}/stream"
-    return sse_response(request, state, info, ((b"location", location.encode()),))
+    return sse_response(
+        request,
+        state,
+        info,
+        ((b"location", location.encode()),),
+        expires_at=principal.expires_at,
+    )
 
 
 async def thread_run_status(request: Request) -> Response:
     state = gateway_state(request)
-    session_id, info = await _thread_run(request, state)
+    session_id, info, _ = await _thread_run(request, state)
     return json_response(
         {
             "run_id": info.run_id,

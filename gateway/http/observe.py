@@ -157,6 +157,7 @@ def note_error(request: Request, exc: GatewayError, signal: ErrorSignal | None) 
             route_kind=kind,
             run_id=run_id,
             request_id=request_id,
+            cause=str(exc),  # for operators only: clients get a generic detail
         )
     elif signal == "fenced_write":
         if metrics is not None:

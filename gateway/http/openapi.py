@@ -32,11 +32,14 @@ def _err(description: str) -> dict[str, Any]:
 _ERRORS: Final[dict[str, str]] = {
     "400": "invalid_json: the body is not valid JSON (or is empty where one is required)",
     "401": "unauthorized / token_expired: missing, invalid or expired credentials",
-    "403": "forbidden: the credentials do not cover this route or run",
+    "403": "forbidden: the credentials do not cover this route or run; host_not_allowed: "
+    "an open (unauthenticated) gateway answers only for loopback Host names",
     "404": "run_not_found: no such run (or not a run of this thread)",
     "409": "fenced / ended / run_owned / run_ended / sequence_gap / sequence_conflict",
     "413": "too_large: body, event or batch over the configured limits",
-    "422": "invalid_input / malformed field: bad run id, event name, status, type...",
+    "415": "unsupported_media_type: a POST without Content-Type: application/json",
+    "422": "invalid_input / malformed field: bad run id, event name, status, type...; "
+    "reserved_event_name; number_out_of_range (an integer beyond 64 bits)",
     "503": "backend_unavailable / bridge_closed: retry after Retry-After seconds",
 }
 
@@ -259,7 +262,7 @@ def _body(schema: dict[str, Any], required: bool) -> dict[str, Any]:
     return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
-_PRODUCER_ERRORS: Final = ("400", "401", "403", "409", "413", "422", "503")
+_PRODUCER_ERRORS: Final = ("400", "401", "403", "409", "413", "415", "422", "503")
 _READER_ERRORS: Final = ("401", "403", "404", "422", "503")
 _API_KEY: Final[list[dict[str, list[str]]]] = [{"bearer": []}]
 _READER_AUTH: Final[list[dict[str, list[str]]]] = [{"bearer": []}, {"accessToken": []}]
@@ -370,9 +373,10 @@ _PATHS: Final[dict[str, Any]] = {
             "summary": "Ask the producer to stop (seen in its next write or lease reply)",
             "security": _READER_AUTH,
             "parameters": [_RUN_ID, _ACCESS_TOKEN],
+            "requestBody": _body({"type": "object"}, False),
             "responses": {
                 "202": _json(_ref("CancelAccepted"), "Cancel requested"),
-                **_errors(*_READER_ERRORS),
+                **_errors(*_READER_ERRORS, "415"),
             },
         }
     },

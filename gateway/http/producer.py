@@ -20,7 +20,7 @@ from ..errors import InvalidInput, PayloadTooLarge, StreamEnded
 from ..names import check_end_status, check_event_name, check_run_id, check_session_id
 from ..sequence import HEADER as SEQ_HEADER
 from ..sequence import parse_seq_header
-from ..values import RawJSON
+from ..values import RawJSON, encode_json
 from . import access, sessions_routes
 from .bodies import (
     opt_bool,
@@ -119,7 +119,7 @@ def encode_events(events: list[tuple[str, Any]], limit: int) -> list[tuple[str, 
     encoded: list[tuple[str, Any]] = []
     for index, (name, data) in enumerate(events):
         try:
-            payload = orjson.dumps(data)
+            payload = encode_json(data)
         except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
             raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
         if len(payload) > limit:

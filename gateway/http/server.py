@@ -9,11 +9,26 @@ reconnect elsewhere with `Last-Event-ID` and uvicorn's graceful wait completes a
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
+from ..settings import Settings
 from .app import drain
+from .connections import GatewayHttpProtocol
+
+
+def server_config(app: Starlette, settings: Settings, **options: Any) -> uvicorn.Config:
+    """The uvicorn configuration the gateway runs under: `settings.host`/`port` (unless
+    given in `options`) and the request-head and connection limits of `connections.py`."""
+    options.setdefault("host", settings.host)
+    options.setdefault("port", settings.port)
+    return uvicorn.Config(
+        app,
+        http=GatewayHttpProtocol.configured(settings),
+        **options,
+    )
 
 
 class GatewayServer(uvicorn.Server):

@@ -85,10 +85,14 @@ async def record_end(
 
 
 async def _quietly(what: str, operation: Any) -> None:
+    # Runs after the bridge applied the write: whatever happens here, the producer's
+    # request succeeds (an error would make it retry and duplicate).
     try:
         await operation
     except GatewayError as exc:
         log.warning("session turn %s failed: %s", what, exc)
+    except Exception:
+        log.exception("session turn %s failed", what)
 
 
 # -- routes ---------------------------------------------------------------------------------

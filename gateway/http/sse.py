@@ -50,9 +50,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import BackendUnavailable, BridgeClosed
 from ..values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
+from .errors import public_detail
 from .frames import (
     HEARTBEAT_FRAME,
     SHUTDOWN_FRAME,
+    TOKEN_EXPIRED_FRAME,
     end_frame,
     event_frame,
     gap_frame,
@@ -101,6 +103,7 @@ class SSEResponse(Response):
         send_timeout: float = SEND_TIMEOUT,
         metrics: Metrics | None = None,
         resume: ResumeStart | None = None,
+        expires_at: float | None = None,
     ) -> None:
         self.run_id = run_id
         self.status_code = 200
@@ -113,6 +116,7 @@ class SSEResponse(Response):
         self._send_timeout = send_timeout
         self._metrics = metrics
         self._resume = resume
+        self._expires_at = expires_at  # unix seconds: the reader's token expires then
         self._request_id: str | None = None
         self._started_ms = 0.0
 
@@ -175,6 +179,10 @@ class SSEResponse(Response):
         """
         watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, stream))
         remove_drain = self._registry.on_drain(stream.drain)
+        expiry = None
+        if self._expires_at is not None:  # ends like a drain, with its own last frame
+            delay = max(0.0, self._expires_at - time.time())
+            expiry = asyncio.get_running_loop().call_later(delay, stream.expire)
         batches = subscribe()
         try:
             await self._write(send, stream, retry_frame(), 0, None, more=True)
@@ -198,6 +206,8 @@ class SSEResponse(Response):
         finally:
             stream.state = _CLOSING  # nothing interrupts the cleanup
             remove_drain()
+            if expiry is not None:
+                expiry.cancel()
             watcher.cancel()
             # Close the bridge subscription (shielded) so every resource is freed when
             # the response returns.
@@ -223,7 +233,10 @@ class SSEResponse(Response):
         first = self._resume == "cursor"
         while True:
             if stream.draining:
-                await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+                if stream.expired:
+                    await self._last_frame(send, stream, TOKEN_EXPIRED_FRAME, "token_expired")
+                else:
+                    await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
                 return
             stream.state = _READING
             try:
@@ -233,7 +246,7 @@ class SSEResponse(Response):
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
-                frame = unavailable_frame(self.run_id, str(exc) or "backend failure")
+                frame = unavailable_frame(self.run_id, public_detail(exc))
                 await self._last_frame(send, stream, frame, "unavailable")
                 return
             finally:
@@ -365,6 +378,7 @@ class _Stream:
         "_task",
         "_watch",
         "draining",
+        "expired",
         "outcome",
         "sent",
         "state",
@@ -376,6 +390,7 @@ class _Stream:
         self.timeout = timeout
         self.stopped: str | None = None
         self.draining = False
+        self.expired = False
         self.state = _BUSY
         self.outcome = "end"  # what ended the response (for the request log line)
         self.sent = 0  # data events written
@@ -395,6 +410,11 @@ class _Stream:
         self.draining = True
         if self.state == _READING:
             self.stop("drain")
+
+    def expire(self) -> None:
+        """The reader's token expired: end the response like a drain does."""
+        self.expired = True
+        self.drain()
 
     def interrupted(self) -> bool:
         """Whether the cancellation being handled is only our own `stop`s (then they are

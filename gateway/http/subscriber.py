@@ -21,7 +21,7 @@ from ..names import check_run_id
 from ..values import End, RunInfo, StreamEvent, StreamGap
 from . import access
 from .auth import Principal
-from .bodies import query_seconds
+from .bodies import query_seconds, require_json
 from .frames import end_frame
 from .responses import json_response
 from .sse import ResumeStart, SSEResponse
@@ -70,8 +70,13 @@ def sse_response(
     state: GatewayState,
     info: RunInfo,
     extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+    expires_at: float | None = None,
 ) -> SSEResponse:
-    """The SSE response for a run the reader may see (docs/protocol.md §4)."""
+    """The SSE response for a run the reader may see (docs/protocol.md §4).
+
+    `expires_at` (unix seconds): the reader's token expires then, and the response ends
+    cleanly at that moment so the client reconnects with a fresh token and its cursor.
+    """
     common: dict[str, Any] = {
         "run_id": info.run_id,
         "registry": state.subscriptions,
@@ -86,7 +91,9 @@ def sse_response(
         return SSEResponse(subscribe=None, final_frame=frame, **common)
     bridge = state.bridge
     return SSEResponse(
-        subscribe=functools.partial(bridge.subscribe_batches, info.run_id, cursor), **common
+        subscribe=functools.partial(bridge.subscribe_batches, info.run_id, cursor),
+        expires_at=expires_at,
+        **common,
     )
 
 
@@ -112,11 +119,12 @@ async def stream_run(request: Request) -> Response:
     principal = access.subscriber(request)
     state = gateway_state(request)
     info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
-    return sse_response(request, state, info)
+    return sse_response(request, state, info, expires_at=principal.expires_at)
 
 
 async def cancel_run(request: Request) -> Response:
     principal = access.subscriber(request)
+    require_json(request)  # no body, but never a request a web page may send unasked
     state = gateway_state(request)
     info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
     if not await state.bridge.request_cancel(info.run_id):

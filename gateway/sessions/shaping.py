@@ -47,11 +47,13 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 import orjson
 
-from ..values import encode_json
+from ..values import encode_json, encode_nested
+from .turns import RECORD_DEPTH
 
 TEXT_CAP: Final = 16_000
 METADATA_KEYS: Final = ("incognito", "hidden", "hitl_resume", "origin")
 MAX_METADATA_VALUE_BYTES: Final = 2_048
+_METADATA_DEPTH: Final = RECORD_DEPTH + 4
 MAX_ID_CHARS: Final = 256
 MAX_NAME_CHARS: Final = 256
 MAX_URI_CHARS: Final = 2_048
@@ -139,7 +141,8 @@ def _shape(message: object) -> dict[str, Any] | None:
         if key in raw_meta:
             value = raw_meta[key]
             try:
-                encoded = encode_json(value)
+                # as deep as readers get it: ... record, history, message, metadata
+                encoded = encode_nested(value, _METADATA_DEPTH)
             except TypeError:
                 continue
             if len(encoded) <= MAX_METADATA_VALUE_BYTES:

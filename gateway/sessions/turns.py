@@ -47,7 +47,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..values import END_STATUSES, EndStatus, encode_json
+from ..values import END_STATUSES, EndStatus, encode_json, encode_nested
 
 RUNNING: Final = "running"
 PARKED_STATES: Final = frozenset({"input-required", "auth-required"})
@@ -159,11 +159,20 @@ def _text_of(data: Any) -> str | None:
     return None
 
 
-def _detached_within(item: Any, limits: TurnLimits) -> Any | None:
-    """A detached copy of `item` when its compact JSON fits the item cap, else None."""
+# Containers above a record where readers get it (`{"turns": [record]}`), and above an
+# item of the record: the record itself, then the list the item sits in.
+RECORD_DEPTH: Final = 2
+_IN_RECORD: Final = RECORD_DEPTH + 1
+_IN_LIST: Final = RECORD_DEPTH + 2
+
+
+def _detached_within(item: Any, limits: TurnLimits, depth: int) -> Any | None:
+    """A detached copy of `item` when its compact JSON fits the item cap and the record
+    holding it `depth` containers deep still encodes (so every reader can read it back),
+    else None."""
     try:
-        encoded = encode_json(item)
-    except TypeError:
+        encoded = encode_nested(item, depth)
+    except TypeError:  # orjson.JSONEncodeError: nested too deeply to store
         return None
     if len(encoded) > limits.max_item_bytes:
         return None
@@ -193,7 +202,7 @@ def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -
     if name in ARTIFACT_EVENTS:
         if not isinstance(data, dict):
             return False
-        data = _detached_within(data, limits)
+        data = _detached_within(data, limits, _IN_LIST)
         if data is None:
             turn["truncated"] = True
             return True
@@ -212,7 +221,7 @@ def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -
     if name in STATUS_EVENTS:
         if not isinstance(data, dict):
             return False
-        data = _detached_within(data, limits)
+        data = _detached_within(data, limits, _IN_RECORD)
         if data is None:
             turn["truncated"] = True
             return True
@@ -225,7 +234,7 @@ def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -
         if not isinstance(data, dict):
             return False
         history: list[Any] = turn.setdefault("history", [])
-        data = _detached_within(data, limits)
+        data = _detached_within(data, limits, _IN_LIST)
         if data is None or len(history) >= limits.max_history:
             turn["truncated"] = True
             return True

@@ -69,7 +69,8 @@
     const headers = { Accept: "application/json", ...(extraHeaders || {}) };
     const bearer = method === "GET" ? readerBearer() : creds().apiKey;
     if (bearer) headers.Authorization = `Bearer ${bearer}`;
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+    // every POST says JSON, body or not: the gateway refuses other content types (415)
+    if (body !== undefined || method !== "GET") headers["Content-Type"] = "application/json";
     const response = await fetch(BASE + path, {
       method,
       headers,

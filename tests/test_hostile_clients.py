@@ -1,0 +1,252 @@
+"""Hostile and careless clients against real servers over real sockets: a client that
+leaves mid-body, endless request headers, idle connections that never send a request."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import http_server, test_logging
+from tests.http_server import ProducerClient, RunningServer
+from tests.test_cli import ROOT, clean_env, free_port, wait_for
+from tests.test_logging import JsonLogs, request_line
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+gateway_server = http_server.gateway_server
+client = http_server.client
+json_logs = test_logging.json_logs
+
+
+def _address(server: RunningServer) -> tuple[str, int]:
+    host, port = server.base_url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+# --------------------------------------------------------- 6. a client that leaves mid-body
+
+
+async def test_client_leaving_mid_body_is_a_client_disconnect_not_a_500(
+    json_logs: JsonLogs, client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client)
+    head = (
+        f"POST /v1/runs/{producer.run_id}/events HTTP/1.1\r\n"
+        "Host: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"X-Producer-Token: {producer.token}\r\nContent-Length: 10000\r\n\r\n"
+    ).encode()
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(head + b'{"event":"token","data":"')
+    line = json_logs.wait(request_line("/v1/runs/{run_id}/events", outcome="client_disconnect"))
+    assert line["status"] < 500 and line["level"] == "INFO"
+    assert not [e for e in json_logs.entries if e.get("level") in ("ERROR", "CRITICAL")]
+    assert not [e for e in json_logs.entries if "exc" in e]
+    # the server is fine and nothing was appended
+    run = await client.get(f"/v1/runs/{producer.run_id}")
+    assert run.status_code == 200 and run.json()["retained_events"] == 0
+
+
+# ------------------------------------------------------- real `gateway serve` processes
+
+
+class GatewayProcess:
+    """`python -m gateway serve` on a free port, optionally with a lower open-file limit."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], nofile: int | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp_path / f"gateway-{self.port}.log"
+        self._log = self.log_path.open("w")
+
+        def limit_files() -> None:  # pragma: no cover - runs in the child
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(self.port)],
+            cwd=ROOT,
+            env=clean_env(**env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=limit_files,
+        )
+        wait_for(self._healthy, 20, "GET /healthz -> 200")
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gateway exited: {self.log_path.read_text()}")
+        try:
+            return httpx.get(self.base + "/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def gateway_process(
+    tmp_path: Path, nofile: int | None = None, **env: str
+) -> Iterator[GatewayProcess]:
+    process = GatewayProcess(tmp_path, env, nofile)
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+# ---------------------------------------------------------- 4. unbounded request headers
+
+
+MB = 1024 * 1024
+
+
+@pytest.mark.timeout(90)
+def test_an_endless_header_neither_grows_the_process_nor_is_read_whole(tmp_path: Path) -> None:
+    with gateway_process(tmp_path) as gateway:
+        before = gateway.rss_bytes()
+        sent = 0
+        with _connect(gateway.port) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: ")
+            chunk = b"a" * (64 * 1024)
+            with contextlib.suppress(OSError):  # the server closes on us (reset, broken pipe)
+                while sent < 64 * MB:
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+            with contextlib.suppress(OSError):
+                reply = sock.recv(4096)
+                assert reply == b"" or reply.startswith(b"HTTP/1.1 4"), reply
+        grown = gateway.rss_bytes() - before
+        assert sent < 64 * MB, "the server read a 64 MB header to the end"
+        assert grown < 16 * MB, f"RSS grew by {grown / MB:.1f} MB"
+        assert httpx.get(gateway.base + "/healthz", timeout=5).status_code == 200
+
+
+async def test_a_large_body_and_pipelined_requests_are_not_taken_for_a_long_head(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client)
+    body = b'{"event":"token","data":"' + b"x" * 600_000 + b'"}'
+    request = (
+        f"POST /v1/runs/{producer.run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nX-Producer-Token: {producer.token}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    probe = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(request + probe + probe)  # one write: head, body, two pipelined heads
+        replies = b""
+        while replies.count(b"HTTP/1.1 200") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, replies
+            replies += chunk
+    assert b"431" not in replies
+
+
+async def test_too_many_headers_are_refused(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    headers = {f"x-h-{i}": "v" for i in range(150)}
+    response = await client.get("/healthz", headers=headers)
+    assert response.status_code == 431, response.text
+    assert response.json()["error"] == "too_many_headers"
+    assert (await client.get("/healthz", headers=dict(list(headers.items())[:50]))).is_success
+
+
+# ------------------------------------------------- 5. connections that never send a request
+
+
+@pytest.mark.timeout(90)
+def test_idle_connections_do_not_shut_out_a_legitimate_client(tmp_path: Path) -> None:
+    with gateway_process(tmp_path, nofile=256, GATEWAY_REQUEST_HEAD_TIMEOUT_SECONDS="1") as gateway:
+        idle = [_connect(gateway.port) for _ in range(300)]
+        try:
+            started = time.monotonic()
+
+            def served() -> bool:
+                try:
+                    response = httpx.get(gateway.base + "/healthz", timeout=2)
+                except httpx.TransportError:
+                    return False
+                return response.status_code == 200
+
+            wait_for(served, 20, "a legitimate GET /healthz -> 200")
+            assert time.monotonic() - started < 20
+            # the idle connections were closed by the server (or refused at the cap)
+            for sock in idle[:20] + idle[-20:]:
+                sock.settimeout(10)
+                with contextlib.suppress(ConnectionResetError):
+                    data = sock.recv(4096)
+                    assert data == b"" or data.startswith(b"HTTP/1.1 503"), data
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+@pytest.mark.timeout(90)
+def test_connection_cap_answers_503_and_spares_established_streams(tmp_path: Path) -> None:
+    env = {"GATEWAY_MAX_CONNECTIONS": "20", "GATEWAY_REQUEST_HEAD_TIMEOUT_SECONDS": "1"}
+    with (
+        gateway_process(tmp_path, **env) as gateway,
+        httpx.Client(base_url=gateway.base, timeout=10) as client,
+    ):
+        claim = client.post("/v1/runs", json={}).json()
+        run_id, token = claim["run_id"], claim["producer_token"]
+        with (
+            httpx.Client(base_url=gateway.base, timeout=10) as reader,
+            reader.stream("GET", f"/v1/runs/{run_id}/stream") as stream,
+        ):
+            lines = stream.iter_lines()
+            assert next(lines).startswith("retry:")
+            idle = [_connect(gateway.port) for _ in range(30)]
+            try:
+                with _connect(gateway.port) as extra:
+                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    reply = extra.recv(4096)
+                assert reply.startswith(b"HTTP/1.1 503"), reply
+                assert b"too_many_connections" in reply and b"retry-after: 1" in reply.lower()
+                # the server closes an idle connection at its head deadline; the stream's
+                # connection is older, so its deadline has passed too
+                idle[0].settimeout(10)
+                assert idle[0].recv(4096) == b""
+            finally:
+                for sock in idle:
+                    sock.close()
+
+            def published() -> bool:
+                try:
+                    response = client.post(
+                        f"/v1/runs/{run_id}/events",
+                        json={"event": "token", "data": "after"},
+                        headers={"X-Producer-Token": token},
+                    )
+                except httpx.TransportError:
+                    return False
+                return response.status_code == 200
+
+            wait_for(published, 10, "a publish once the idle connections are gone")
+            for line in lines:
+                if line.startswith("data: "):
+                    assert line == 'data: "after"'
+                    break
