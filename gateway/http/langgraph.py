@@ -27,6 +27,7 @@ from ..errors import RunNotFound
 from ..names import check_run_id, check_session_id
 from ..values import RunInfo
 from . import access
+from .frames import LANGGRAPH
 from .responses import json_response
 from .state import GatewayState, gateway_state
 from .subscriber import lookup, sse_response
@@ -55,7 +56,7 @@ async def join_stream(request: Request) -> Response:
     session_id, info = await _thread_run(request, state)
     root = request.scope.get("root_path", "")
     location = f"{root}/threads/{session_id}/runs/{info.run_id}/stream"
-    return sse_response(request, state, info, ((b"location", location.encode()),))
+    return sse_response(request, state, info, ((b"location", location.encode()),), LANGGRAPH)
 
 
 async def thread_run_status(request: Request) -> Response:

@@ -50,15 +50,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import BackendUnavailable, BridgeClosed
 from ..values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
-from .frames import (
-    HEARTBEAT_FRAME,
-    SHUTDOWN_FRAME,
-    end_frame,
-    event_frame,
-    gap_frame,
-    retry_frame,
-    unavailable_frame,
-)
+from .frames import RUN, Framing
 from .metrics import Metrics, ResumeOutcome
 from .observe import lifecycle, record_of
 from .subscriptions import SubscriptionRegistry
@@ -101,6 +93,7 @@ class SSEResponse(Response):
         send_timeout: float = SEND_TIMEOUT,
         metrics: Metrics | None = None,
         resume: ResumeStart | None = None,
+        framing: Framing = RUN,
     ) -> None:
         self.run_id = run_id
         self.status_code = 200
@@ -113,6 +106,7 @@ class SSEResponse(Response):
         self._send_timeout = send_timeout
         self._metrics = metrics
         self._resume = resume
+        self._framing = framing
         self._request_id: str | None = None
         self._started_ms = 0.0
 
@@ -133,7 +127,7 @@ class SSEResponse(Response):
                     self._count_resume("exact")
                 outcome = "send_timeout"
                 with anyio.move_on_after(self._send_timeout):
-                    body = retry_frame() + self._final_frame
+                    body = self._framing.opening() + self._final_frame
                     await send({"type": "http.response.body", "body": body, "more_body": False})
                     if self._metrics is not None:
                         self._metrics.bytes_out.inc(len(body))
@@ -177,7 +171,9 @@ class SSEResponse(Response):
         remove_drain = self._registry.on_drain(stream.drain)
         batches = subscribe()
         try:
-            await self._write(send, stream, retry_frame(), 0, None, more=True)
+            opening = self._framing.opening()
+            if opening:
+                await self._write(send, stream, opening, 0, None, more=True)
             while True:
                 try:
                     await self._pump(batches, send, stream)
@@ -223,7 +219,7 @@ class SSEResponse(Response):
         first = self._resume == "cursor"
         while True:
             if stream.draining:
-                await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+                await self._last_frame(send, stream, self._framing.shutdown(), "drain")
                 return
             stream.state = _READING
             try:
@@ -233,30 +229,35 @@ class SSEResponse(Response):
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
-                frame = unavailable_frame(self.run_id, str(exc) or "backend failure")
-                await self._last_frame(send, stream, frame, "unavailable")
+                detail = str(exc) or "backend failure"
+                await self._last_frame(
+                    send, stream, self._framing.unavailable(self.run_id, detail), "unavailable"
+                )
                 return
             finally:
                 stream.state = _BUSY
             if first:
                 first = False
                 self._first_item(batch[0])
+            framing = self._framing
             chunks: list[bytes] = []
             size = events = 0
             last_id: str | None = None
             for item in batch:
                 if isinstance(item, StreamEvent):
-                    frame = event_frame(item)
+                    frame = framing.event(item)
+                    if not frame:
+                        continue  # not for this kind of stream
                     events += 1
                     last_id = item.id
                 elif isinstance(item, Heartbeat):
-                    frame = HEARTBEAT_FRAME
+                    frame = framing.heartbeat()
                 else:  # End or StreamGap: the last item, and the response's last write
                     if isinstance(item, End):
-                        chunks.append(end_frame(item))
+                        chunks.append(framing.end(item))
                         stream.outcome = "end"
                     else:
-                        chunks.append(gap_frame(self.run_id, item))
+                        chunks.append(framing.gap(self.run_id, item))
                         self._gap_served(item)
                         stream.outcome = "gap"
                     await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
@@ -270,10 +271,16 @@ class SSEResponse(Response):
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 await self._write(send, stream, body, events, last_id, more=True)
 
-    async def _last_frame(self, send: Send, stream: _Stream, frame: bytes, outcome: str) -> None:
+    async def _last_frame(
+        self, send: Send, stream: _Stream, frame: bytes | None, outcome: str
+    ) -> None:
+        """End the response with `frame`; None: leave it incomplete (the server drops
+        the connection, which the framing's client reads as an interrupted stream)."""
         if outcome == "drain" and self._metrics is not None:
             self._metrics.drained.inc()
         stream.outcome = outcome
+        if frame is None:
+            return
         stream.state = _BUSY  # an interruption (drain) is over: this write may time out
         await self._write(send, stream, frame, 0, None, more=False)
 
