@@ -17,6 +17,8 @@ A flag beats its environment variable.
     --legacy-end-scan/--no-...       GATEWAY_LEGACY_END_SCAN      true
     --log-format text|json           GATEWAY_LOG_FORMAT           text
     --allow-open-nonloopback         GATEWAY_ALLOW_OPEN_NONLOOPBACK  false
+    --cors-origin (repeatable)       GATEWAY_CORS_ORIGINS         (none; comma separated in env)
+    --cors-producer-routes           GATEWAY_CORS_PRODUCER_ROUTES false
     --demo                           (flag only)                  off
 
 Startup refuses (a one-line message on stderr, exit code 2, before any port is bound):
@@ -70,6 +72,8 @@ _SETTINGS_FIELDS: Final = {
     "legacy_end_scan": "legacy_end_scan_enabled",
     "log_format": "log_format",
     "allow_open_nonloopback": "allow_open_nonloopback",
+    "cors_origin": "cors_origins",
+    "cors_producer_routes": "cors_producer_routes",
 }
 
 
@@ -282,6 +286,17 @@ def cli() -> None:
     default=False,
     help="Serve without authentication on a non-loopback address (unsafe).",
 )
+@click.option(
+    "--cors-origin",
+    multiple=True,
+    help="Origin whose pages may read streams and sessions (repeatable; * for any).",
+)
+@click.option(
+    "--cors-producer-routes",
+    is_flag=True,
+    default=False,
+    help="Also allow those origins on producer and operator routes.",
+)
 @click.option("--demo", is_flag=True, default=False, help="Also run the demo producer.")
 @click.pass_context
 def serve(ctx: click.Context, /, demo: bool, **params: Any) -> None:
@@ -290,7 +305,7 @@ def serve(ctx: click.Context, /, demo: bool, **params: Any) -> None:
     for name, field in _SETTINGS_FIELDS.items():
         if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             value = params[name]
-            given[field] = tuple(value) if name == "api_key" else value
+            given[field] = tuple(value) if name in ("api_key", "cors_origin") else value
     try:
         settings = build_settings(given)
     except ConfigError as exc:

@@ -7,10 +7,16 @@ Every setting is startup-only.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Final, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
+_ORIGIN_RE: Final = re.compile(
+    r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?/?"
+)
 
 
 def _env(*names: str) -> AliasChoices:
@@ -71,6 +77,13 @@ class Settings(BaseSettings):
     )
     jwt_secret: str | None = None
     allow_open_nonloopback: bool = False
+    # Browser pages on these origins may call the subscriber and session routes (CORS;
+    # `http/cors.py`). Empty: no cross-origin access. "*" allows any origin.
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), validation_alias=_env("cors_origins", "GATEWAY_CORS_ORIGINS", "GATEWAY_CORS_ORIGIN")
+    )
+    # Also the producer and operator routes (server-to-server by default).
+    cors_producer_routes: bool = False
 
     max_event_bytes: int = Field(1_048_576, ge=64)
     max_body_bytes: int = Field(4_194_304, ge=64)
@@ -78,12 +91,22 @@ class Settings(BaseSettings):
 
     log_format: Literal["text", "json"] = "text"
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(k.strip() for k in value.split(",") if k.strip())
         return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN_RE.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin (scheme://host[:port], no path) or *"
+                )
+        return tuple(origin.rstrip("/") for origin in value)
 
     @field_validator(
         "stream_ttl_seconds",

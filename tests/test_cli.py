@@ -310,7 +310,7 @@ def test_serve_demo_streams_tokens_then_end(start_server: Callable[..., Server])
     tokens = [f for f in frames if f.get("event") == "token"]
     assert len(tokens) >= 2
     assert all("id" in f and "text" in json.loads(f["data"]) for f in tokens)
-    assert frames[-1]["event"] == "end" and "id" not in frames[-1]
+    assert frames[-1]["event"] == "end" and frames[-1]["id"] == "end"
     assert json.loads(frames[-1]["data"])["status"] == "success"
     assert server.terminate() == 0
 

@@ -106,6 +106,21 @@ async def _on_starlette_http_exception(request: Request, exc: Exception) -> Resp
     return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
+def handled_error_response(request: Request, exc: Exception) -> Response | None:
+    """The error response for the gateway's own errors, None for anything else.
+
+    What the handlers installed below answer; the SSE fast path (`app.py`) calls it
+    directly for errors raised before a response starts.
+    """
+    if isinstance(exc, GatewayError):
+        note_error(request, exc)
+        return gateway_error_response(exc)
+    if isinstance(exc, HttpError):
+        note_http_error(request, exc.code)
+        return error_response(exc.status, exc.code, exc.detail)
+    return None
+
+
 def install_error_handlers(app: Starlette) -> None:
     app.add_exception_handler(GatewayError, _on_gateway_error)
     app.add_exception_handler(HttpError, _on_http_error)

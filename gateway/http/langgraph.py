@@ -29,6 +29,7 @@ from ..values import RunInfo
 from . import access
 from .frames import LANGGRAPH
 from .responses import json_response
+from .routing import SSERoute
 from .state import GatewayState, gateway_state
 from .subscriber import lookup, sse_response
 
@@ -73,6 +74,6 @@ async def thread_run_status(request: Request) -> Response:
 
 routes: Final = [
     Route("/threads/{session_id}/runs/{run_id}", thread_run_status, methods=["GET"]),
-    Route("/threads/{session_id}/runs/{run_id}/stream", join_stream, methods=["GET"]),
-    Route("/threads/{session_id}/runs/{run_id}/join", join_stream, methods=["GET"]),
+    SSERoute("/threads/{session_id}/runs/{run_id}/stream", join_stream),
+    SSERoute("/threads/{session_id}/runs/{run_id}/join", join_stream),
 ]

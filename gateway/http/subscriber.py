@@ -24,6 +24,7 @@ from .auth import Principal
 from .bodies import query_seconds
 from .frames import RUN, TERMINAL_CURSORS, Framing
 from .responses import json_response
+from .routing import SSERoute
 from .sse import ResumeStart, SSEResponse
 from .state import GatewayState, gateway_state
 
@@ -232,7 +233,7 @@ async def _disconnected(request: Request, scope: anyio.CancelScope) -> None:
 
 routes: Final = [
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
-    Route("/v1/runs/{run_id}/stream", stream_run, methods=["GET"]),
+    SSERoute("/v1/runs/{run_id}/stream", stream_run),
     Route("/v1/runs/{run_id}/wait", wait_run, methods=["GET"]),
     Route("/v1/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
 ]

@@ -19,8 +19,9 @@
  *   follower.lastEventId           // the id of the newest event delivered to onEvent
  *   follower.close()
  *
- * Wire rules (PROTOCOL 4): data frames carry `id:`; `end`, `gap` and `unavailable`
- * carry none. The first connection passes the cursor as the `last_event_id` query
+ * Wire rules: data frames carry `id:`; `end` and `gap` carry the terminal ids `end` /
+ * `gap` (never a cursor: a reconnect with one is answered 204, which stops an
+ * EventSource), `unavailable` carries none. The first connection passes the cursor as the `last_event_id` query
  * parameter (EventSource cannot set headers); on its own reconnects the browser sends
  * `Last-Event-ID`, which the gateway prefers over the query parameter.
  */
