@@ -1,7 +1,8 @@
 """Real npm clients against a real gateway: `node --test` suites in tests/js/.
 
 - eventsource.test.mjs: the npm `eventsource` package and gateway-client.js on it;
-- ai_sdk.test.mjs: the AI SDK (`ai`) resuming chats from the ui-stream.
+- ai_sdk.test.mjs: the AI SDK (`ai`) resuming chats from the ui-stream;
+- clients.test.mjs: npm `eventsource` and `@microsoft/fetch-event-source` reconnecting.
 
 Each test starts a real gateway, runs one Node suite against it and asserts it passed.
 `npm ci` runs here when scripts/bootstrap did not install tests/js/node_modules.
@@ -94,3 +95,17 @@ def test_ai_sdk_resumes_chats_from_the_ui_stream(
     url = request.getfixturevalue("redis_url") if backend == "redis" else None
     settings = make_settings(backend, url, key_prefix, api_keys=(API_KEY,))
     run_node_suite("ai_sdk.test.mjs", settings, {"GATEWAY_API_KEY": API_KEY}, 3)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_node_reconnecting_clients_resume_exactly_and_stop_after_end_and_gap(
+    backend: str, request: pytest.FixtureRequest, key_prefix: str
+) -> None:
+    """npm `eventsource` and `@microsoft/fetch-event-source` (tests/js/clients.test.mjs)."""
+    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    settings = make_settings(
+        backend, url, key_prefix, api_keys=(API_KEY,), max_events_per_run=MAX_EVENTS
+    )
+    env = {"GATEWAY_API_KEY": API_KEY, "GATEWAY_MAX_EVENTS": str(MAX_EVENTS)}
+    run_node_suite("clients.test.mjs", settings, env, 4)

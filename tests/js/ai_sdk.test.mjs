@@ -8,8 +8,8 @@
 // Env: GATEWAY_URL, GATEWAY_API_KEY.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import net from "node:net";
 import { AbstractChat, DefaultChatTransport } from "ai";
+import { tcpProxy } from "./proxy.mjs";
 
 const BASE = process.env.GATEWAY_URL;
 const KEY = process.env.GATEWAY_API_KEY;
@@ -48,33 +48,6 @@ const opening = (messageId) => [
 ];
 const deltas = (words) => words.map((delta) => ({ type: "text-delta", id: "t1", delta }));
 const closing = [{ type: "text-end", id: "t1" }, { type: "finish-step" }, { type: "finish" }];
-
-// A loopback TCP proxy to the gateway; `cut()` drops every open connection mid-stream.
-async function tcpProxy() {
-  const target = new URL(BASE);
-  const sockets = new Set();
-  const server = net.createServer((client) => {
-    const upstream = net.connect(Number(target.port), target.hostname);
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on("close", () => sockets.delete(s));
-      s.on("error", () => {});
-    }
-    client.pipe(upstream);
-    upstream.pipe(client);
-  });
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return {
-    base: `http://127.0.0.1:${server.address().port}`,
-    cut() {
-      for (const s of sockets) s.destroy();
-    },
-    close() {
-      this.cut();
-      return new Promise((resolve) => server.close(resolve));
-    },
-  };
-}
 
 // What useChat keeps in React state, observable so a test can await a condition.
 class ObservableState {
@@ -137,7 +110,7 @@ class HeadlessChat extends AbstractChat {
 
 test("ai sdk: a turn cut mid-stream resumes with resumeStream(): exact message, status ready", { timeout: TIMEOUT * 2 }, async () => {
   const sessionId = `ai-cut-${Date.now()}`;
-  const proxy = await tcpProxy();
+  const proxy = await tcpProxy(BASE);
   try {
     const run = await producer(sessionId);
     const words = ["The ", "answer ", "is ", "forty", "-two", "."];
