@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
@@ -151,19 +151,34 @@ class GatewayApp(Starlette):
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sse_routes = [r for r in self.router.routes if isinstance(r, SSERoute)]
-        self._entry: ASGIApp = cors_app(self._dispatch, settings)
+        self._cors = cors_app(self._dispatch, settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._entry(scope, receive, send)
+        # Requests without `Origin` (every non-browser client) skip the CORS layer, as
+        # CORSMiddleware itself would: one frame less per idle stream.
+        if self._cors is not None and _has_origin(scope):
+            await self._cors(scope, receive, send)  # the CORS rules, then `_dispatch`
+            return
+        matched = self._sse_match(scope)
+        if matched is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self._serve_sse(scope, receive, send, *matched)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        matched = self._sse_match(scope)
+        if matched is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self._serve_sse(scope, receive, send, *matched)
+
+    def _sse_match(self, scope: Scope) -> tuple[SSERoute, Any] | None:
         if scope["type"] == "http" and scope["method"] == "GET" and not self.debug:
             for route in self._sse_routes:
                 match, child_scope = route.matches(scope)
                 if match is Match.FULL:
-                    await self._serve_sse(scope, receive, send, route, child_scope)
-                    return
-        await super().__call__(scope, receive, send)
+                    return route, child_scope
+        return None
 
     async def _serve_sse(
         self, scope: Scope, receive: Receive, send: Send, route: SSERoute, child_scope: Any
@@ -193,6 +208,10 @@ class GatewayApp(Starlette):
             raise
         finally:
             sender.finished()
+
+
+def _has_origin(scope: Scope) -> bool:
+    return scope["type"] == "http" and any(name == b"origin" for name, _ in scope["headers"])
 
 
 def drain(app: Starlette) -> None:

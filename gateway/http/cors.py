@@ -12,7 +12,8 @@ are server-to-server: they get no CORS unless `cors_producer_routes` is set, whi
 allows them the same origins with `DELETE` and the producer headers too.
 
 `GatewayApp` applies `cors_app` in front of everything, the SSE fast path included, so
-there is one set of rules for every route. A preflight is told apart by
+there is one set of rules for every route (a request without `Origin`, which gets no
+CORS headers anyway, goes straight past it). A preflight is told apart by
 `Access-Control-Request-Method`, the method the browser is asking about.
 """
 
@@ -80,8 +81,8 @@ class _Cors:
             await self._readers(scope, receive, send)
 
 
-def cors_app(app: ASGIApp, settings: Settings) -> ASGIApp:
-    """`app` behind the CORS rules of `settings` (`app` itself when no origin is allowed)."""
+def cors_app(app: ASGIApp, settings: Settings) -> ASGIApp | None:
+    """`app` behind the CORS rules of `settings`; None when no origin is allowed."""
     if not settings.cors_origins:
-        return app
+        return None
     return _Cors(app, settings)
