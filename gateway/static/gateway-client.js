@@ -62,7 +62,7 @@
    * treated as a data event, but EventSource only dispatches names it has a listener
    * for, so pass `eventNames` when the producer uses names beyond the defaults
    * (`message`, `token`, `text-delta`, `text-set`, `state`, `status`, `artifact`,
-   * `history`, `metadata`, `values`, `updates`, `messages`, `custom`).
+   * `history`, `metadata`, `values`, `updates`, `messages`, `custom`, `ui`).
    */
   function follow(baseUrl, runId, options) {
     const opts = options || {};
@@ -73,7 +73,7 @@
     const maxGapRecoveries = opts.maxGapRecoveries === undefined ? 3 : opts.maxGapRecoveries;
     const eventNames = new Set([
       "message", "token", "text-delta", "text-set", "state", "status", "artifact",
-      "history", "metadata", "values", "updates", "messages", "custom",
+      "history", "metadata", "values", "updates", "messages", "custom", "ui",
       ...(opts.eventNames || []),
     ]);
     const noop = function () {};
