@@ -15,7 +15,11 @@ monkey-patches uvicorn process-wide. This response keeps its behaviours:
   resource is freed;
 - graceful shutdown: when the registry drains (server exit), the bridge subscription is
   stopped, frames already read are flushed, and the response ends cleanly so clients
-  reconnect with `Last-Event-ID` after the jittered `retry:` hint.
+  reconnect with `Last-Event-ID` after the jittered `retry:` hint (or, where the
+  `Framing` says so, the AI SDK's ui-stream, ends incomplete: a dropped connection,
+  which that client resumes instead of reading it as a finished answer).
+
+What each item looks like on the wire is the response's `Framing` (`frames.py`).
 
 One task reads and writes: it takes the bridge's items in batches (`subscribe_batches`:
 everything ready at once) and writes each batch as one `send` (split at
