@@ -19,6 +19,7 @@ import pytest
 
 from gateway.http.auth import mint_subscriber_token
 from tests.http_server import ProducerClient, make_settings, serve
+from tests.request_log import request_log
 from tests.test_console_browser import chromium
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -134,3 +135,64 @@ async def test_allowed_origin_follows_a_run_and_another_origin_is_refused() -> N
                 assert refused["viaEventSource"] == {"refused": True, "texts": []}
                 assert "Failed to fetch" in refused["viaFetch"]["refused"]
                 await context.close()
+
+
+# Runs in the page: an EventSource the app never closes; resolves with what it saw once
+# it has been CLOSED by the browser (the 204 after the terminal frame) or after `waitMs`.
+LEAVE_OPEN = """
+async ({url, waitMs}) => {
+  const es = new EventSource(url);
+  const seen = [];
+  for (const name of ["token", "end", "gap"]) {
+    es.addEventListener(name, (m) => seen.push([name, m.lastEventId]));
+  }
+  await new Promise((resolve) => setTimeout(resolve, waitMs));
+  return {seen, readyState: es.readyState};
+}
+"""
+
+
+async def test_browser_event_source_stops_by_itself_after_end_and_gap() -> None:
+    """Chromium's own EventSource, never closed by the page: it reconnects once after
+    `end` / `gap` with the terminal id, gets 204 and stays CLOSED."""
+    with page_server() as port, request_log() as log:
+        allowed = f"http://127.0.0.1:{port}"
+        settings = make_settings(
+            "memory", None, "cors-stop:", cors_origins=(allowed,), max_events_per_run=3
+        )
+        with serve(settings) as srv:
+            async with (
+                httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client,
+                chromium() as browser,
+            ):
+                ended = await ProducerClient.claim(client)
+                await ended.publish(("token", {"text": "a"}))
+                await ended.end()
+                trimmed = await ProducerClient.claim(client)
+                ids = []
+                for i in range(6):
+                    ids += await trimmed.publish(("token", {"text": str(i)}))
+                context = await browser.new_context()
+                page = await context.new_page()
+                await page.goto(f"{allowed}/app")
+                base = f"{srv.base_url}/v1/runs"
+                after_end, after_gap = await asyncio.gather(
+                    page.evaluate(
+                        LEAVE_OPEN, {"url": f"{base}/{ended.run_id}/stream", "waitMs": 8000}
+                    ),
+                    page.evaluate(
+                        LEAVE_OPEN,
+                        {
+                            "url": f"{base}/{trimmed.run_id}/stream?last_event_id={ids[0]}",
+                            "waitMs": 8000,
+                        },
+                    ),
+                )
+                await context.close()
+    assert after_end["readyState"] == 2  # CLOSED
+    assert [name for name, _ in after_end["seen"]] == ["token", "end"]
+    assert after_end["seen"][1] == ["end", "end"]
+    assert after_gap == {"seen": [["gap", "gap"]], "readyState": 2}
+    for run_id in (ended.run_id, trimmed.run_id):
+        reads = log.reads_after(run_id, 0.0)
+        assert len(reads) == 2 and reads[-1].startswith("GET /v1/runs/{run_id}/stream 204"), reads

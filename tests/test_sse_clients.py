@@ -19,10 +19,8 @@ tests/js/clients.test.mjs, driven by tests/test_js_client.py.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -35,6 +33,7 @@ from langgraph_sdk import get_client
 
 from tests import http_server
 from tests.http_server import ProducerClient, RunningServer
+from tests.request_log import request_log
 from tests.test_http_langgraph import CuttableProxy
 
 MAX_EVENTS = 5
@@ -65,39 +64,6 @@ class Seen:
 
     def names(self) -> list[str]:
         return [name for name, _, _ in self.events]
-
-
-class RequestLog(logging.Handler):
-    """The gateway's request log lines (one per finished request), by start time."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[tuple[float, str | None, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        started = time.monotonic() - float(getattr(record, "duration_ms", 0.0)) / 1000
-        self.lines.append((started, getattr(record, "run_id", None), record.getMessage()))
-
-    def reads_after(self, run_id: str, since: float) -> list[str]:
-        """The reader requests (not the producer's) for `run_id` started after `since`."""
-        return [
-            line
-            for at, rid, line in self.lines
-            if rid == run_id and at > since and line.startswith("GET ")
-        ]
-
-
-@contextmanager
-def request_log() -> Iterator[RequestLog]:
-    logger = logging.getLogger("gateway.http.requests")
-    handler, level = RequestLog(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 @pytest.fixture
