@@ -83,16 +83,10 @@ def gateway_error_response(exc: GatewayError) -> Response:
     return error_response(status, exc.code, detail, headers)
 
 
-async def _on_gateway_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GatewayError)
-    note_error(request, exc)  # outcome of the request log line, metrics, lifecycle line
-    return gateway_error_response(exc)
-
-
-async def _on_http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HttpError)
-    note_http_error(request, exc.code)
-    return error_response(exc.status, exc.code, exc.detail)
+async def _on_own_error(request: Request, exc: Exception) -> Response:
+    response = handled_error_response(request, exc)
+    assert response is not None  # installed for GatewayError and HttpError only
+    return response
 
 
 _STARLETTE_CODES: Final = {404: "not_found", 405: "method_not_allowed"}
@@ -113,7 +107,7 @@ def handled_error_response(request: Request, exc: Exception) -> Response | None:
     directly for errors raised before a response starts.
     """
     if isinstance(exc, GatewayError):
-        note_error(request, exc)
+        note_error(request, exc)  # outcome of the request log line, metrics, lifecycle line
         return gateway_error_response(exc)
     if isinstance(exc, HttpError):
         note_http_error(request, exc.code)
@@ -122,6 +116,6 @@ def handled_error_response(request: Request, exc: Exception) -> Response | None:
 
 
 def install_error_handlers(app: Starlette) -> None:
-    app.add_exception_handler(GatewayError, _on_gateway_error)
-    app.add_exception_handler(HttpError, _on_http_error)
+    app.add_exception_handler(GatewayError, _on_own_error)
+    app.add_exception_handler(HttpError, _on_own_error)
     app.add_exception_handler(HTTPException, _on_starlette_http_exception)
