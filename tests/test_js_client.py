@@ -27,7 +27,7 @@ JWT_SECRET = "js-test-secret-with-enough-bytes-for-hs256"
 MAX_EVENTS = 5
 SCOPED_RUN = "js-scoped-run"
 # The pinned npm packages (tests/js/package.json); `npm ci` when any is missing.
-PACKAGES = ("eventsource", "ai", "@microsoft/fetch-event-source")
+PACKAGES = ("eventsource", "eventsource3", "ai", "@microsoft/fetch-event-source")
 
 
 def _node_modules() -> None:
@@ -108,4 +108,4 @@ def test_node_reconnecting_clients_resume_exactly_and_stop_after_end_and_gap(
         backend, url, key_prefix, api_keys=(API_KEY,), max_events_per_run=MAX_EVENTS
     )
     env = {"GATEWAY_API_KEY": API_KEY, "GATEWAY_MAX_EVENTS": str(MAX_EVENTS)}
-    run_node_suite("clients.test.mjs", settings, env, 4)
+    run_node_suite("clients.test.mjs", settings, env, 6)

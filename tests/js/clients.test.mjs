@@ -1,5 +1,5 @@
 // Auto-reconnecting Node clients used as an app would, each with its own reconnect
-// mechanism: npm `eventsource` (WHATWG EventSource) and `@microsoft/fetch-event-source`
+// mechanism: npm `eventsource` 4 and 3 (WHATWG EventSource) and `@microsoft/fetch-event-source`
 // (run by tests/test_js_client.py).
 //
 // For each: exact resume after a cut (loopback TCP proxy) while the run goes on; after
@@ -11,6 +11,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { EventSource } from "eventsource";
+import { EventSource as EventSource3 } from "eventsource3";
 import { fetchEventSource } from "@microsoft/fetch-event-source";
 import { tcpProxy } from "./proxy.mjs";
 
@@ -92,18 +93,23 @@ class Seen {
   }
 }
 
-// The clients, as an app uses each; each returns a stop() function.
-const CLIENTS = {
-  // The app only listens: EventSource reconnects by itself (Last-Event-ID) after any end
-  // of the response, and stops for good on HTTP 204.
-  eventsource(url, seen) {
-    const es = new EventSource(url, { fetch: seen.fetch });
+// The app only listens: EventSource reconnects by itself (Last-Event-ID) after any end
+// of the response, and stops for good on HTTP 204.
+function listenOnly(EventSourceImpl) {
+  return (url, seen) => {
+    const es = new EventSourceImpl(url, { fetch: seen.fetch });
     for (const name of ["token", "end", "gap"]) {
       es.addEventListener(name, (m) => seen.add(name, m.lastEventId, m.data));
     }
     es.onmessage = (m) => seen.add("message", m.lastEventId, m.data); // unnamed: none expected
     return () => es.close();
-  },
+  };
+}
+
+// The clients, as an app uses each; each returns a stop() function.
+const CLIENTS = {
+  "eventsource@4": listenOnly(EventSource),
+  "eventsource@3": listenOnly(EventSource3),
   // The README's reconnecting setup: onclose throws to retry (with last-event-id), and
   // the app's onopen treats 204 as "done" (a fatal error, rethrown by onerror).
   "fetch-event-source"(url, seen) {
