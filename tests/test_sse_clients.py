@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -31,9 +32,9 @@ from aiohttp_sse_client import client as aiohttp_sse
 from httpx_sse import aconnect_sse
 from langgraph_sdk import get_client
 
-from tests import http_server
+from tests import http_server, test_http_langgraph
 from tests.http_server import ProducerClient, RunningServer
-from tests.request_log import request_log
+from tests.request_log import RequestLog, request_log
 from tests.test_http_langgraph import CuttableProxy
 
 MAX_EVENTS = 5
@@ -44,6 +45,7 @@ pytestmark = [
 ]
 gateway_server = http_server.gateway_server
 client = http_server.client
+proxy = test_http_langgraph.proxy  # a cuttable TCP proxy in front of gateway_server
 
 QUIET_SECONDS = 8.0  # how long a client is watched after `end` / `gap`
 SESSION = "clients"
@@ -64,16 +66,6 @@ class Seen:
 
     def names(self) -> list[str]:
         return [name for name, _, _ in self.events]
-
-
-@pytest.fixture
-async def proxy(gateway_server: RunningServer) -> AsyncIterator[CuttableProxy]:
-    port = int(gateway_server.base_url.rsplit(":", 1)[1])
-    cuttable = CuttableProxy(port)
-    async with anyio.create_task_group() as tg:
-        await tg.start(cuttable.run)
-        yield cuttable
-        tg.cancel_scope.cancel()
 
 
 # ------------------------------------------------------------------------------ clients
@@ -157,6 +149,24 @@ async def _until(what: str, check: Callable[[], bool], timeout: float = 15.0) ->
             await anyio.sleep(0.02)
 
 
+@asynccontextmanager
+async def following(follow: Follow, base: str, path: str, seen: Seen) -> AsyncIterator[RequestLog]:
+    """The client follows `path` in the background; the request log meanwhile."""
+    with request_log() as log:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow, base, path, seen)
+            yield log
+            tg.cancel_scope.cancel()
+
+
+async def quiet_reads(seen: Seen, log: RequestLog, run_id: str) -> list[str]:
+    """The reader requests in the `QUIET_SECONDS` after the client saw `end`/`gap`."""
+    await _until("end or gap", lambda: seen.terminal_at is not None, timeout=30)
+    assert seen.terminal_at is not None
+    await anyio.sleep(QUIET_SECONDS)
+    return log.reads_after(run_id, seen.terminal_at)
+
+
 def _data_events(seen: Seen) -> list[str]:
     return [data for name, _, data in seen.events if name not in ("end", "gap", "error")]
 
@@ -172,26 +182,19 @@ async def test_client_resumes_exactly_and_stops_after_end(
     producer = await ProducerClient.claim(client, session_id=SESSION)
     await producer.publish(("values", {"i": 0}), ("values", {"i": 1}))
     seen = Seen()
-    with request_log() as log:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(
-                follow, f"http://127.0.0.1:{proxy.port}", _path(name, producer.run_id), seen
-            )
-            await _until("two events", lambda: len(_data_events(seen)) == 2)
-            await anyio.sleep(0.7)  # idle: heartbeats (every 0.3 s) reach the client
-            proxy.cut()  # the network drops; the run goes on
-            await producer.publish(("values", {"i": 2}), ("values", {"i": 3}))
-            await producer.end()
-            await _until("end", lambda: seen.terminal_at is not None, timeout=30)
-            assert seen.terminal_at is not None
-            await anyio.sleep(QUIET_SECONDS)
-            tg.cancel_scope.cancel()
+    base = f"http://127.0.0.1:{proxy.port}"
+    async with following(follow, base, _path(name, producer.run_id), seen) as log:
+        await _until("two events", lambda: len(_data_events(seen)) == 2)
+        await anyio.sleep(0.7)  # idle: heartbeats (every 0.3 s) reach the client
+        proxy.cut()  # the network drops; the run goes on
+        await producer.publish(("values", {"i": 2}), ("values", {"i": 3}))
+        await producer.end()
+        after = await quiet_reads(seen, log, producer.run_id)
     assert _data_events(seen) == [
         str({"i": i}) if name == "langgraph-sdk" else f'{{"i":{i}}}' for i in range(4)
     ], seen.events
     assert seen.names().count("end") == 1 and seen.names()[-1] == "end", seen.events
     assert all(data for _, _, data in seen.events), f"an empty event: {seen.events}"
-    after = log.reads_after(producer.run_id, seen.terminal_at)
     assert len(after) <= 1, after
 
 
@@ -205,20 +208,13 @@ async def test_client_stops_after_a_gap_and_is_never_moved_past_it(
     for i in range(MAX_EVENTS + 4):  # one by one, so Redis approximate trimming acts
         ids += await producer.publish(("values", {"i": i}))
     seen = Seen()
-    with request_log() as log:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(
-                follow, gateway_server.base_url, _path(name, producer.run_id, ids[0]), seen
-            )
-            await _until("gap", lambda: seen.terminal_at is not None)
-            assert seen.terminal_at is not None
-            # The run goes on: nothing of it may reach a client that was sent the gap.
-            await producer.publish(("values", {"i": 99}))
-            await anyio.sleep(QUIET_SECONDS)
-            tg.cancel_scope.cancel()
-    names = seen.names()
-    assert names.count("gap") == 1, seen.events
+    path = _path(name, producer.run_id, ids[0])
+    async with following(follow, gateway_server.base_url, path, seen) as log:
+        await _until("gap", lambda: seen.terminal_at is not None)
+        # The run goes on: nothing of it may reach a client that was sent the gap.
+        await producer.publish(("values", {"i": 99}))
+        after = await quiet_reads(seen, log, producer.run_id)
+    assert seen.names().count("gap") == 1, seen.events
     assert _data_events(seen) == [], seen.events
-    after = log.reads_after(producer.run_id, seen.terminal_at)
     assert len(after) <= 1, after
     await producer.end()

@@ -47,26 +47,21 @@ class _Cors:
     """Reader CORS for reader routes; producer CORS (or none) for producer routes."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        origins = list(settings.cors_origins)
-        self._app = app
-        self._readers = CORSMiddleware(
-            app,
-            allow_origins=origins,
-            allow_methods=READER_METHODS,
-            allow_headers=READER_HEADERS,
-            expose_headers=EXPOSED_HEADERS,
-            max_age=PREFLIGHT_MAX_AGE,
-        )
-        self._producers: ASGIApp = app
-        if settings.cors_producer_routes:
-            self._producers = CORSMiddleware(
+        def middleware(methods: tuple[str, ...], headers: tuple[str, ...]) -> ASGIApp:
+            return CORSMiddleware(
                 app,
-                allow_origins=origins,
-                allow_methods=PRODUCER_METHODS,
-                allow_headers=PRODUCER_HEADERS,
+                allow_origins=list(settings.cors_origins),
+                allow_methods=methods,
+                allow_headers=headers,
                 expose_headers=EXPOSED_HEADERS,
                 max_age=PREFLIGHT_MAX_AGE,
             )
+
+        self._app = app
+        self._readers = middleware(READER_METHODS, READER_HEADERS)
+        self._producers = (
+            middleware(PRODUCER_METHODS, PRODUCER_HEADERS) if settings.cors_producer_routes else app
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

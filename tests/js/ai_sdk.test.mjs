@@ -8,6 +8,7 @@
 // Env: GATEWAY_URL, GATEWAY_API_KEY.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { producerPost } from "./gateway.mjs";
 import { AbstractChat, DefaultChatTransport } from "ai";
 import { tcpProxy } from "./proxy.mjs";
 
@@ -15,18 +16,8 @@ const BASE = process.env.GATEWAY_URL;
 const KEY = process.env.GATEWAY_API_KEY;
 assert.ok(BASE && KEY, "GATEWAY_URL, GATEWAY_API_KEY");
 const AUTH = { Authorization: `Bearer ${KEY}` };
+const post = producerPost(BASE, AUTH);
 const TIMEOUT = 15_000;
-
-async function post(path, body, headers = {}) {
-  const response = await fetch(BASE + path, {
-    method: "POST",
-    headers: { "Content-Type": "application/json", ...AUTH, ...headers },
-    body: JSON.stringify(body),
-  });
-  const reply = await response.json();
-  assert.ok(response.ok, `POST ${path}: ${response.status} ${JSON.stringify(reply)}`);
-  return reply;
-}
 
 // The POST side of an AI SDK app, as a gateway producer: each UI message chunk is an
 // event named `ui`.

@@ -10,6 +10,7 @@
 // Env: GATEWAY_URL, GATEWAY_API_KEY, GATEWAY_MAX_EVENTS (the run retention).
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { producerPost } from "./gateway.mjs";
 import { EventSource } from "eventsource";
 import { EventSource as EventSource3 } from "eventsource3";
 import { fetchEventSource } from "@microsoft/fetch-event-source";
@@ -20,6 +21,7 @@ const KEY = process.env.GATEWAY_API_KEY;
 const MAX_EVENTS = Number(process.env.GATEWAY_MAX_EVENTS);
 assert.ok(BASE && KEY && MAX_EVENTS, "GATEWAY_URL, GATEWAY_API_KEY, GATEWAY_MAX_EVENTS");
 const AUTH = { Authorization: `Bearer ${KEY}` };
+const post = producerPost(BASE, AUTH);
 const QUIET_MS = 8_000;
 const TIMEOUT = 30_000;
 
@@ -27,17 +29,6 @@ const TIMEOUT = 30_000;
 // `visibilitychange` on document. In Node an app provides both.
 globalThis.window ??= globalThis;
 globalThis.document ??= { hidden: false, addEventListener() {}, removeEventListener() {} };
-
-async function post(path, body, headers = {}) {
-  const response = await fetch(BASE + path, {
-    method: "POST",
-    headers: { "Content-Type": "application/json", ...AUTH, ...headers },
-    body: JSON.stringify(body),
-  });
-  const reply = await response.json();
-  assert.ok(response.ok, `POST ${path}: ${response.status} ${JSON.stringify(reply)}`);
-  return reply;
-}
 
 async function claim() {
   const reply = await post("/v1/runs", {});
