@@ -198,6 +198,7 @@ class GatewayApp(Starlette):
                 if handled is None:
                     raise
                 response = handled
+            del request  # not kept alive by this frame for the stream's lifetime
             await response(scope, receive, sender)
         except Exception:
             sender.failed()
