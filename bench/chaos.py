@@ -457,8 +457,8 @@ class Workload:
                                     return
                                 if frame.retry is not None:
                                     retry_ms = frame.retry
-                                if frame.id is not None:
-                                    follow.ids.append(frame.id)
+                                if frame.data_id is not None:
+                                    follow.ids.append(frame.data_id)
                                     follow.data.append(frame.data)
                                 elif frame.event in ("end", "gap"):
                                     follow.terminal = frame.event

@@ -182,6 +182,17 @@ class MemorySessionStore:
     async def is_retired(self, session_id: str) -> bool:
         return check_session_id(session_id) in self._tombstones
 
+    async def running_turn(self, session_id: str) -> str | None:
+        if check_session_id(session_id) in self._tombstones:
+            return None
+        session = self._live_session(session_id)
+        if session is None or session.newest_run is None:
+            return None
+        turn = session.turns.get(session.newest_run)
+        if turn is None or turn.doc["state"] not in T.LIVE_STATES:
+            return None
+        return session.newest_run
+
     # -- internals --------------------------------------------------------------
 
     def _expired(self, turn: _Turn) -> bool:

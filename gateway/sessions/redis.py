@@ -237,6 +237,24 @@ class RedisSessionStore:
 
     # -- reads ------------------------------------------------------------------
 
+    async def running_turn(self, session_id: str) -> str | None:
+        keys = self._keys(session_id)
+
+        async def newest() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.exists(keys.tomb)
+                pipe.hget(keys.meta, "newest_run")
+                return list(await pipe.execute())
+
+        retired, run_id = await self._call(newest)
+        if retired or run_id is None:
+            return None
+        run = as_text(run_id)
+        state = await self._call(lambda: self._redis.hget(keys.turn(run), "state"))
+        if state is None or as_text(state) not in T.LIVE_STATES:
+            return None  # ended, or expired (the record's own TTL)
+        return run
+
     async def list_sessions(
         self, limit: int = DEFAULT_LIMIT, parked: bool = False
     ) -> list[SessionRow]:

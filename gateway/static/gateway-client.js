@@ -19,8 +19,10 @@
  *   follower.lastEventId           // the id of the newest event delivered to onEvent
  *   follower.close()
  *
- * Wire rules (docs/protocol.md §4): data frames carry `id:`; `end`, `gap` and `unavailable`
- * carry none. The first connection passes the cursor as the `last_event_id` query
+ * Wire rules (docs/protocol.md §4): data frames carry `id:`; `end` and `gap` carry the
+ * terminal ids `end` / `gap` (never a cursor: a reconnect with one is answered 204, which
+ * stops an EventSource), `unavailable` carries none. The first connection passes the
+ * cursor as the `last_event_id` query
  * parameter (EventSource cannot set headers); on its own reconnects the browser sends
  * `Last-Event-ID`, which the gateway prefers over the query parameter.
  */
@@ -61,7 +63,7 @@
    * treated as a data event, but EventSource only dispatches names it has a listener
    * for, so pass `eventNames` when the producer uses names beyond the defaults
    * (`message`, `token`, `text-delta`, `text-set`, `state`, `status`, `artifact`,
-   * `history`, `metadata`, `values`, `updates`, `messages`, `custom`).
+   * `history`, `metadata`, `values`, `updates`, `messages`, `custom`, `ui`).
    */
   function follow(baseUrl, runId, options) {
     const opts = options || {};
@@ -72,7 +74,7 @@
     const maxGapRecoveries = opts.maxGapRecoveries === undefined ? 3 : opts.maxGapRecoveries;
     const eventNames = new Set([
       "message", "token", "text-delta", "text-set", "state", "status", "artifact",
-      "history", "metadata", "values", "updates", "messages", "custom",
+      "history", "metadata", "values", "updates", "messages", "custom", "ui",
       ...(opts.eventNames || []),
     ]);
     const noop = function () {};
