@@ -842,6 +842,20 @@ def verify_run(
         )
 
 
+def describe(f: Follow, index: dict[str, int]) -> str:
+    """A follow's parts, for a violation's report: cursor, the acknowledged positions
+    of what it read, and how each part ended."""
+    parts = []
+    for n, s in enumerate(f.segments):
+        got = [index.get(i, -1) for i in s.ids]
+        span = f"#{got[0]}..#{got[-1]} ({len(got)})" if got else "nothing"
+        contiguous = "" if got == list(range(got[0], got[0] + len(got))) else " not contiguous"
+        parts.append(
+            f"part {n} from {s.start}: {span}{contiguous}, then {s.terminal} {s.terminal_data}"
+        )
+    return f"{f.connections} connections; " + "; ".join(parts)
+
+
 def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) -> int:
     """Checks one subscription against the run's acknowledged ids; returns the events
     verified (or -1 after a violation)."""
@@ -849,11 +863,10 @@ def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) ->
     ids = f.ids
     keys = [key(i) for i in run.ids]
     index = {i: n for n, i in enumerate(run.ids)}
-    if len(set(ids)) != len(ids):
-        violations.add(f"{where}: a repeated id")
-        return -1
-    if any(key(a) >= key(b) for a, b in itertools.pairwise(ids)):
-        violations.add(f"{where}: ids go backwards")
+    if len(set(ids)) != len(ids) or any(key(a) >= key(b) for a, b in itertools.pairwise(ids)):
+        repeated = [i for i in sorted(set(ids)) if ids.count(i) > 1]
+        what = f"a repeated id {repeated[0]}" if repeated else "ids that go backwards"
+        violations.add(f"{where}: {what}; {describe(f, index)}")
         return -1
     for part, segment in enumerate(f.segments):
         position = segment.start
@@ -868,7 +881,7 @@ def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) ->
                     f"{where}: silent skip in part {part} (cursor {segment.start}): after "
                     f"{position} got {event_id} (#{got}), expected "
                     f"{run.ids[expected] if 0 <= expected < len(run.ids) else 'no event'} "
-                    f"(#{expected}) ({len(run.ids)} acknowledged)"
+                    f"(#{expected}) ({len(run.ids)} acknowledged); {describe(f, index)}"
                 )
                 return -1
             if data != run.payloads[expected]:
@@ -885,7 +898,8 @@ def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) ->
             if missing:
                 violations.add(
                     f"{where}: END after {position} with {missing} later events never "
-                    f"delivered (part {part}, cursor {segment.start}): a silent partial"
+                    f"delivered (part {part}, cursor {segment.start}): a silent partial; "
+                    f"{describe(f, index)}"
                 )
                 return -1
             if status not in allowed:
@@ -994,7 +1008,7 @@ class Chaos:
 
     def inject(self, workload: Workload) -> None:
         if not self.bag:  # every kind once per round, in a seeded random order
-            self.bag = list(FAULT_KINDS)
+            self.bag = list(self.args.faults)
             self.rng.shuffle(self.bag)
         kind = self.bag.pop()
         if kind in ("gateway_kill", "gateway_sigterm"):
@@ -1232,7 +1246,15 @@ def main() -> None:
     parser.add_argument("--min-gap", type=float, default=1.0, help="min seconds between faults")
     parser.add_argument("--max-gap", type=float, default=3.0, help="max seconds between faults")
     parser.add_argument("--settle-timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--faults",
+        type=lambda text: text.split(","),
+        default=list(FAULT_KINDS),
+        help=f"comma-separated fault kinds to inject (default: all of {','.join(FAULT_KINDS)})",
+    )
     args = parser.parse_args()
+    if unknown := set(args.faults) - set(FAULT_KINDS):
+        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
 
