@@ -68,7 +68,7 @@ Prints duration, events published, events verified, faults by kind, gaps, violat
 exits 1 on any violation (logs are kept then). Ctrl-C stops everything.
 
 Run: .venv/bin/python bench/chaos.py --duration 60 [--seed N] [--producers 4]
-     [--subscribers 8]
+     [--subscribers 8] [--faults run_delete,session_retire,...]
 """
 
 from __future__ import annotations
