@@ -40,7 +40,7 @@ from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
 from ..sessions.provider import session_store_for
 from ..settings import Settings
-from . import langgraph, operator, ops, producer, sessions_routes, subscriber
+from . import langgraph, operator, ops, producer, session_feed, sessions_routes, subscriber
 from .auth import Authenticator
 from .errors import install_error_handlers
 from .liveness import monitor
@@ -117,6 +117,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         *operator.routes,
         *langgraph.routes,
         *sessions_routes.routes,
+        *session_feed.routes,
         *ops.routes,
         Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
         Route("/", _console, methods=["GET"], include_in_schema=False),
@@ -131,7 +132,9 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
 
 
 # The SSE routes (`GET` only) that `GatewayApp` serves without the middleware stack.
-SSE_ENDPOINTS = frozenset({subscriber.stream_run, langgraph.join_stream})
+SSE_ENDPOINTS = frozenset(
+    {subscriber.stream_run, langgraph.join_stream, session_feed.stream_session}
+)
 
 
 class GatewayApp(Starlette):

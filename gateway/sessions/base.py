@@ -35,10 +35,12 @@ would block it forever. Clear's check and delete are one atomic step on both bac
 from __future__ import annotations
 
 from collections.abc import Collection
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Protocol, TypedDict, runtime_checkable
 
 from ..errors import InvalidInput
 from ..values import EndStatus
+from .watch import TurnSignal
 
 MAX_LIMIT: Final = 200
 DEFAULT_LIMIT: Final = 50
@@ -133,3 +135,8 @@ class SessionStore(Protocol):
         ...
 
     async def is_retired(self, session_id: str) -> bool: ...
+
+    def watch(self, session_id: str) -> AbstractAsyncContextManager[TurnSignal]:
+        """The session's change signal (a turn created, the session retired or cleared),
+        for the session feed; see `watch.py`."""
+        ...
