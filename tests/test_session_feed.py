@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +28,7 @@ client = http_server.client
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 TIMEOUT = 20.0
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 MESSAGE = {"messageId": "m-1", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}
 
 
@@ -290,6 +293,17 @@ async def test_a_gap_inside_a_turn_ends_the_feed(
         gateway_server.wait_open_sse(0)
 
 
+async def test_a_turn_whose_log_is_gone_closes_with_its_recorded_end(
+    client: httpx.AsyncClient,
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        await turn(client, "s8", "s8-r1", ["a"])
+        assert (await client.delete("/v1/runs/s8-r1")).status_code == 204
+        async with open_feed(client, "s8", "s8-r1/0-0") as feed:
+            assert_turn_end((await feed.events(1))[0], "s8-r1")
+            await feed.heartbeat()  # and the feed waits for the next turn
+
+
 async def test_cursor_errors_and_foreign_runs(client: httpx.AsyncClient) -> None:
     with anyio.fail_after(TIMEOUT):
         await turn(client, "other", "o-r1", ["secret"])
@@ -386,6 +400,18 @@ async def test_a_thousand_feeds_hold_a_bounded_number_of_redis_connections(
                 await asyncio.gather(*(_until(r, b"event: turn_end") for r, _ in opened))
                 busy = _gateway_clients(fresh_redis)
                 assert busy <= settings.redis_max_connections + 1, busy
+                ARTIFACTS.mkdir(exist_ok=True)
+                (ARTIFACTS / "session_feed_redis.json").write_text(
+                    json.dumps(
+                        {
+                            "feeds": feeds,
+                            "sessions": sessions,
+                            "redis_max_connections": settings.redis_max_connections,
+                            "redis_clients_idle": idle,
+                            "redis_clients_after_a_turn_each": busy,
+                        }
+                    )
+                )
         finally:
             for _, writer in opened:
                 writer.close()

@@ -190,6 +190,14 @@ async def _follow_turn(
 ) -> AsyncGenerator[FeedStep, None]:
     """The run's own items, from the turn's position to its END (or a gap)."""
     run_id = turn.run_id
+    info = await bridge.get_run(run_id)
+    if info is None or info.session_id != session_id:
+        yield (run_id, [_removed(None if turn.position == TURN_START else turn.position)])
+        return
+    if info.ended and not info.log_exists:
+        # the log is gone; the record knows how the run ended (as on a run stream)
+        yield (run_id, [End(info.status, info.error)])  # type: ignore[arg-type]
+        return
     on_turn(run_id)
     batches = bridge.subscribe_batches(run_id, turn.position, None)
     try:
