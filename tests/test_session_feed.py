@@ -304,6 +304,22 @@ async def test_a_turn_whose_log_is_gone_closes_with_its_recorded_end(
             await feed.heartbeat()  # and the feed waits for the next turn
 
 
+async def test_a_turn_whose_producer_died_is_ended_by_the_liveness_monitor(
+    client: httpx.AsyncClient,
+) -> None:
+    """The feed's current run is watched like a run with a reader: its lapsed lease gets
+    the recovery END, so the feed is never stuck on a dead producer's turn."""
+    with anyio.fail_after(TIMEOUT):
+        producer = await ProducerClient.claim(
+            client, run_id="s9-r1", session_id="s9", input_message=MESSAGE, lease_seconds=0.5
+        )
+        await producer.publish(("token", {"text": "a"}))
+        async with open_feed(client, "s9") as feed:
+            frames = await feed.events(3)  # the producer is gone: no END from it
+        assert [f.event for f in frames] == ["turn", "token", "turn_end"]
+        assert frames[2].json() == {"run_id": "s9-r1", "status": "producer_lost"}
+
+
 async def test_cursor_errors_and_foreign_runs(client: httpx.AsyncClient) -> None:
     with anyio.fail_after(TIMEOUT):
         await turn(client, "other", "o-r1", ["secret"])
