@@ -433,3 +433,33 @@ async def test_a_thousand_feeds_hold_a_bounded_number_of_redis_connections(
                 writer.close()
             # (the sockets close on this loop: wait for the server from a thread)
             await anyio.to_thread.run_sync(lambda: srv.wait_open_sse(0, timeout=30))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+async def test_on_a_redis_cluster_turns_and_retirement_reach_the_feed(
+    redis_cluster: Any, key_prefix: str
+) -> None:
+    """Session channels are published from scripts on the session's shard and heard by
+    the notifier's one pub/sub connection to any node."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+    with serve(make_settings("redis", url, key_prefix), "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as c:
+            with anyio.fail_after(60):
+                async with open_feed(c, "cs") as feed:
+                    await feed.heartbeat()
+                    _, ids1 = await turn(c, "cs", "cs-r1", ["a"])
+                    got = await feed.events(3)
+                    assert_turn(got[0], "cs-r1")
+                    assert_events(got[1:2], "cs-r1", ids1, ["a"])
+                    assert_turn_end(got[2], "cs-r1")
+                    await feed.heartbeat()
+                    _, ids2 = await turn(c, "cs", "cs-r2", ["b"])
+                    got = await feed.events(3)
+                    assert_turn(got[0], "cs-r2")
+                    assert_events(got[1:2], "cs-r2", ids2, ["b"])
+                    assert_turn_end(got[2], "cs-r2")
+                    await feed.heartbeat()
+                    assert (await c.delete("/v1/sessions/cs")).status_code == 200
+                    (end,) = await feed.events(1)
+                    assert (end.event, end.id) == ("end", "retired")
