@@ -7,6 +7,7 @@ passed. `npm ci` runs here when scripts/bootstrap did not install tests/js/node_
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,3 +74,41 @@ def test_node_eventsource_client_suite() -> None:
     assert proc.returncode == 0, report
     assert "# fail 0" in report or "fail 0" in report, report
     assert "pass 6" in report, report
+
+
+@pytest.mark.timeout(180)
+def test_node_session_feed_suite() -> None:
+    """`session-feed.test.mjs`: npm `eventsource` on the session feed stops reconnecting
+    after the retirement `end` (204), and `followSession` recovers a gap in a turn."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    _node_modules()
+    settings = make_settings(
+        "memory",
+        None,
+        "jsfeed:",
+        api_keys=(API_KEY,),
+        jwt_secret=JWT_SECRET,
+        max_events_per_run=MAX_EVENTS,
+    )
+    tokens = {s: mint_subscriber_token(JWT_SECRET, sessions=[s]) for s in ("js-feed", "js-gap")}
+    with serve(settings) as srv:
+        env = {
+            **os.environ,
+            "GATEWAY_URL": srv.base_url,
+            "GATEWAY_API_KEY": API_KEY,
+            "GATEWAY_MAX_EVENTS": str(MAX_EVENTS),
+            "GATEWAY_SESSION_TOKENS": json.dumps(tokens),
+        }
+        proc = subprocess.run(
+            [node, "--test", "--test-reporter=spec", "session-feed.test.mjs"],
+            cwd=JS_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report
+    assert "pass 2" in report, report
