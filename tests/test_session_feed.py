@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,11 @@ import anyio
 import httpx
 import pytest
 
+from gateway.bridge.provider import open_bridge
 from gateway.http.auth import mint_subscriber_token
+from gateway.sessions.feed import TurnOpened, follow_session
+from gateway.sessions.memory import MemorySessionStore
+from gateway.settings import Settings
 from tests import http_server
 from tests.http_server import ProducerClient, RunningServer, make_settings, serve
 from tests.redis_servers import RedisServer
@@ -463,3 +468,35 @@ async def test_on_a_redis_cluster_turns_and_retirement_reach_the_feed(
                     assert (await c.delete("/v1/sessions/cs")).status_code == 200
                     (end,) = await feed.events(1)
                     assert (end.event, end.id) == ("end", "retired")
+
+
+class CountingStore(MemorySessionStore):
+    """The memory store, counting the turn-list reads the feeds make."""
+
+    reads = 0
+
+    async def list_turns(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        self.reads += 1
+        return await super().list_turns(session_id, limit)
+
+
+async def test_feeds_of_one_session_share_the_turn_reads_a_new_turn_causes() -> None:
+    settings = Settings(heartbeat_interval_seconds=5)
+    store = CountingStore(settings)
+    async with open_bridge(settings) as bridge:
+        feeds = [follow_session(bridge, store, "shared", None, 5.0) for _ in range(50)]
+        with anyio.fail_after(TIMEOUT):
+            firsts = [asyncio.ensure_future(anext(feed)) for feed in feeds]
+            await wait_all_idle(lambda: store.reads == 50)  # each feed's own first read
+            await bridge.claim("shared-r1", session_id="shared")
+            await store.start_turn("shared", "shared-r1", MESSAGE, time.time())
+            steps = await asyncio.gather(*firsts)
+        assert all(isinstance(items[0], TurnOpened) for _, items in steps)
+        assert store.reads == 51, store.reads  # one read for all 50, not one each
+        for feed in feeds:
+            await feed.aclose()
+
+
+async def wait_all_idle(done: Any) -> None:
+    while not done():
+        await asyncio.sleep(0.01)

@@ -25,7 +25,9 @@ Retirement removes the session's run logs: a reader inside a turn then gets the 
 
 from __future__ import annotations
 
+import asyncio
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +40,7 @@ from ..values import HEARTBEAT, End, Heartbeat, StreamEvent, StreamGap
 from . import turns as T
 from .base import MAX_LIMIT, SessionStore
 from .cursor import TURN_START, SessionCursor
+from .watch import TurnSignal
 
 CLOSE_TIMEOUT: Final = 5.0
 
@@ -74,10 +77,33 @@ def _opened(turn: dict[str, Any]) -> TurnOpened:
     return TurnOpened(str(turn["run_id"]), message, float(turn["created_at"]))
 
 
-async def _turns(store: SessionStore, session_id: str) -> list[dict[str, Any]]:
-    turns = await store.list_turns(session_id, MAX_LIMIT)
-    turns.sort(key=_key)
-    return turns
+# The session's turns as read at a change count of its signal, shared by the feeds of
+# that session in this process: a new turn wakes them all at once, and each would read
+# the same list. A read begun at change count c holds every turn created up to c.
+_SHARED: weakref.WeakKeyDictionary[Any, tuple[int, asyncio.Future[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _turns(
+    store: SessionStore, session_id: str, signal: TurnSignal, changes: int, *, fresh: bool = False
+) -> list[dict[str, Any]]:
+    """The turns in feed order; taken from a read made at `changes` unless `fresh` (a
+    feed's first read: it picks the live turn by state, which changes unannounced)."""
+    entry = _SHARED.get(signal)
+    if not fresh and entry is not None and entry[0] == changes:
+        shared: list[dict[str, Any]] | None = await asyncio.shield(entry[1])
+        if shared is not None:
+            return shared
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    _SHARED[signal] = (changes, future)
+    turns: list[dict[str, Any]] | None = None
+    try:
+        turns = await store.list_turns(session_id, MAX_LIMIT)
+        turns.sort(key=_key)
+        return turns
+    finally:
+        future.set_result(turns)  # None: those who joined read for themselves
 
 
 def _removed(position: str | None) -> StreamGap:
@@ -110,7 +136,7 @@ async def follow_session(
         if await store.is_retired(session_id):
             yield (None, [RETIRED])
             return
-        turns = await _turns(store, session_id)
+        turns = await _turns(store, session_id, signal, seen, fresh=True)
         current: _Turn | None = None
         after: TurnKey | None = None  # the next turn is the first created after this
         if cursor is None:
@@ -158,7 +184,7 @@ async def follow_session(
                     if await store.is_retired(session_id):
                         yield (None, [RETIRED])
                         return
-                    turns = await _turns(store, session_id)
+                    turns = await _turns(store, session_id, signal, seen)
                     continue
                 opened = _opened(nxt)
                 yield (opened.run_id, [opened])
@@ -178,7 +204,7 @@ async def follow_session(
             if await store.is_retired(session_id):
                 yield (None, [RETIRED])
                 return
-            turns = await _turns(store, session_id)
+            turns = await _turns(store, session_id, signal, seen)
 
 
 async def _follow_turn(

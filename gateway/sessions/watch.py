@@ -34,7 +34,7 @@ class TurnSignal(Protocol):
 class ChangeSignal:
     """The in-process `TurnSignal` of one session."""
 
-    __slots__ = ("_changed", "changes", "closed", "users")
+    __slots__ = ("__weakref__", "_changed", "changes", "closed", "users")
 
     def __init__(self) -> None:
         self.changes = 0
