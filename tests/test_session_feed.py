@@ -500,3 +500,25 @@ async def test_feeds_of_one_session_share_the_turn_reads_a_new_turn_causes() -> 
 async def wait_all_idle(done: Any) -> None:
     while not done():
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+async def test_a_turn_announced_while_the_notifier_reconnects_still_reaches_the_feed(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """The notifier's reconnect counts as a change (notifications may have been lost
+    meanwhile): a waiting feed re-reads its session's turns then."""
+    settings = make_settings("redis", fresh_redis.url, key_prefix, heartbeat_interval_seconds=5)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as c:
+            with anyio.fail_after(30):
+                async with open_feed(c, "nr") as feed:
+                    await turn(c, "nr", "nr-r1", ["a"])
+                    assert (await feed.events(3))[-1].id == "nr-r1/end"
+                    with fresh_redis.client() as admin:
+                        admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                        # announced while the notifier has no connection: lost
+                        await turn(c, "nr", "nr-r2", ["b"])
+                    got = await feed.events(3)
+                    assert_turn(got[0], "nr-r2")
+                    assert_turn_end(got[2], "nr-r2")
