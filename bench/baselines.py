@@ -11,8 +11,10 @@ Both serve the gateway's paths so one load generator and one producer drive eith
   yielding one `ServerSentEvent` (one frame, one write) per event from its queue.
 - `redis`: the naive Redis design. Every subscriber of `GET /v1/runs/{run}/stream` owns
   one Redis connection and loops a blocking `XREAD` on the run's log (the gateway's key
-  layout, written by the gateway's own bridge), then yields one frame per entry;
-  `Last-Event-ID` is the XREAD start.
+  layout, written by the gateway's own bridge or by this server's producer routes), then
+  yields one frame per entry; `Last-Event-ID` is the XREAD start. Its producer routes
+  (`POST /v1/runs`, `…/events`, `…/end`) are one plain `XADD` each: no lease, no
+  fencing, no trimming, no END check.
 
 Both run under uvicorn with uvloop + httptools and no access log, like `gateway serve`.
 """
@@ -100,9 +102,33 @@ def memory_app() -> Starlette:
 def redis_app(url: str, prefix: str = "gw:") -> Starlette:
     from redis.asyncio import Redis
 
+    writer = Redis.from_url(url)
+
+    def log_key(request: Request) -> str:
+        return f"{prefix}{{{request.path_params['run_id']}}}:log"
+
+    async def claim(request: Request) -> Response:
+        body = orjson.loads(await request.body() or b"{}")
+        run_id = body.get("run_id") or secrets.token_hex(8)
+        return JSONResponse({"run_id": run_id, "producer_token": "naive"}, status_code=201)
+
+    async def publish(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        events = body.get("events", [body])
+        key = log_key(request)
+        ids = [
+            (await writer.xadd(key, {"e": e["event"], "d": orjson.dumps(e.get("data"))})).decode()
+            for e in events
+        ]
+        return JSONResponse({"ids": ids, "cancel_requested": False})
+
+    async def end(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        entry_id = await writer.xadd(log_key(request), {"end": body["status"]})
+        return JSONResponse({"id": entry_id.decode(), "deduplicated": False})
+
     async def stream(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        key = f"{prefix}{{{run_id}}}:log"
+        key = log_key(request)
         start = request.headers.get("last-event-id") or "0-0"
 
         async def events() -> Any:
@@ -132,6 +158,9 @@ def redis_app(url: str, prefix: str = "gw:") -> Starlette:
 
     return Starlette(
         routes=[
+            Route("/v1/runs", claim, methods=["POST"]),
+            Route("/v1/runs/{run_id}/events", publish, methods=["POST"]),
+            Route("/v1/runs/{run_id}/end", end, methods=["POST"]),
             Route("/v1/runs/{run_id}/stream", stream),
             Route("/healthz", lambda r: JSONResponse({"ok": True})),
         ]

@@ -1,4 +1,4 @@
-"""The in-process memory bridge alone (no HTTP): fan-out cost and resume storm (issue 7).
+"""The in-process memory bridge alone (no HTTP): fan-out cost and resume storm.
 
 1. 1 run x 100 subscribers x 5,000 events of ~200 B: events/s delivered (target
    >= 25,000) and Python CPU per delivered event (process CPU time / deliveries,
@@ -10,7 +10,7 @@
 3. Resume storm: 100 subscribers resume at once with a cursor 200 events behind the
    tail of an ended 10,000-event log; time until every one has its END (target <= 100 ms).
 
-Reference (issue 7, a per-subscriber polling design measured earlier on this machine):
+Reference (a per-subscriber polling design measured earlier on this machine):
 ~2,600 events/s at ~380 us per event, producer ~5 events/s at 400 subscribers, resume
 storm ~640 ms.
 

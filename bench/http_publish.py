@@ -1,6 +1,6 @@
 """Producer publish throughput over HTTP into one gateway process (Redis bridge):
 `POST /v1/runs/{id}/events` with batches of 50 (`{"events": [...]}`) vs raw pipelined
-XADD of the same payloads straight into Redis (issue 7: report events/s and the ratio).
+XADD of the same payloads straight into Redis (reported: events/s of each and their ratio).
 
 Producers: one load process on CPU 1 with 8 keep-alive connections, one run each,
 posting back to back (a batch in flight per connection). The gateway is pinned to CPU 0,

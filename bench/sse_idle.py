@@ -1,6 +1,6 @@
 """Idle SSE connections held by one server process and the RSS each costs, gateway
-(memory bridge) vs a plain sse-starlette endpoint, same run (issue 7: 10,000 at
-<= 20 KB RSS per connection).
+(memory bridge) vs a plain sse-starlette endpoint, same run (target: 10,000
+at <= 20 KB RSS per connection).
 
 RSS per connection = (RSS with N open idle streams - RSS after a 10-connection warm-up)
 / N, read from /proc/<pid>/status. The clients (4 load processes) connect with at most

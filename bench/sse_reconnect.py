@@ -1,5 +1,5 @@
 """Reconnect storm through one gateway process: 1,000 SSE clients reconnect at once with
-`Last-Event-ID`, each 200 events behind the tail of an ended run (issue 7: all exact,
+`Last-Event-ID`, each 200 events behind the tail of an ended run (target: all exact,
 all done in <= 3 s). Memory bridge and Redis bridge; the naive Redis design
 (XREAD from the cursor, one connection per client) as the reference, same run.
 

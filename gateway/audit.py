@@ -54,6 +54,7 @@ from redis.cluster import RedisCluster
 
 from .bridge.keys import FIELD_END, check_prefix
 from .bridge.redis import CLUSTER_SCHEMES
+from .bridge.replies import as_text
 
 SyncClient = redis.Redis | RedisCluster
 Verdict = Literal["safe_now", "safe_after", "not_safe"]
@@ -117,10 +118,6 @@ def display_key(key: bytes) -> str:
 
 def _bytes(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(slots=True)
@@ -303,7 +300,7 @@ def _scan_keys(client: SyncClient, pattern: bytes, count: int) -> Iterator[bytes
 
 
 def _type(client: SyncClient, key: bytes) -> str:
-    return _text(client.type(key))
+    return as_text(client.type(key))
 
 
 def audit_stream(client: SyncClient, key: bytes, count: int) -> StreamFinding:
@@ -336,7 +333,7 @@ def audit_stream(client: SyncClient, key: bytes, count: int) -> StreamFinding:
     meta_key = key[: -len(_LOG_SUFFIX)] + _META_SUFFIX
     token, end_id = client.hmget(meta_key, ["token", "end_id"])
     finding.meta_token = token is not None
-    finding.meta_end_id = _text(end_id) if end_id is not None else None
+    finding.meta_end_id = as_text(end_id) if end_id is not None else None
     finding.unfenced_end = (
         not finding.meta_token
         or finding.end_count > 1

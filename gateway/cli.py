@@ -2,26 +2,15 @@
 
 `gateway serve` is the one place where settings are built from the environment:
 the flags the user actually gave are passed to `Settings(...)`, and pydantic-settings
-fills every other field from `GATEWAY_*` environment variables, then the defaults.
-A flag beats its environment variable.
+fills every other field from its `GATEWAY_*` environment variable, then the default.
+A flag beats its environment variable. The flags are generated from `Settings`, one
+per field (`--<name>`, help from the field's description): `gateway serve --help`
+lists them all, and a new field is a new flag with no change here.
 
-    flag                             env var                      default
-    --host                           GATEWAY_HOST                 127.0.0.1
-    --port                           GATEWAY_PORT                 8000
-    --redis-url                      GATEWAY_REDIS_URL            (none: in-process memory bridge)
-    --max-events-per-run             GATEWAY_MAX_EVENTS_PER_RUN   10000
-    --stream-ttl                     GATEWAY_STREAM_TTL           86400 (seconds)
-    --heartbeat-interval             GATEWAY_HEARTBEAT_INTERVAL   15 (seconds)
-    --api-key (repeatable)           GATEWAY_API_KEY              (none; comma separated in env)
-    --jwt-secret                     GATEWAY_JWT_SECRET           (none)
-    --legacy-end-scan/--no-...       GATEWAY_LEGACY_END_SCAN      true
-    --log-format text|json           GATEWAY_LOG_FORMAT           text
-    --allow-open-nonloopback         GATEWAY_ALLOW_OPEN_NONLOOPBACK  false
-    --demo                           (flag only)                  off
-
-Startup refuses (a one-line message on stderr, exit code 2, before any port is bound):
-invalid settings; a JWT secret shorter than 32 bytes; and open mode (no API key, no JWT
-secret) on a non-loopback host unless `--allow-open-nonloopback` forces it.
+Startup refuses (a one-line message on stderr, exit code 2, before any port is bound)
+invalid settings, which include an empty API key, a JWT secret shorter than 32 bytes
+and open mode (no API key, no JWT secret) on a non-loopback host unless
+`--allow-open-nonloopback` forces it (see `gateway.settings`).
 
 SIGTERM or SIGINT: uvicorn stops accepting, SSE responses end cleanly (clients reconnect
 elsewhere with Last-Event-ID), connections still open after `SHUTDOWN_GRACE_SECONDS`
@@ -32,19 +21,19 @@ exits 0.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import signal
 import socket
 import sys
-from collections.abc import Sequence
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from collections.abc import Mapping, Sequence
+from types import FrameType, UnionType
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, Union, get_args, get_origin
 
 import click
 from click.core import ParameterSource
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
-from .settings import Settings
+from .settings import ENV_PREFIX, Settings
 
 if TYPE_CHECKING:
     import anyio
@@ -55,22 +44,6 @@ if TYPE_CHECKING:
 EXIT_CONFIG: Final = 2
 EXIT_STARTUP_FAILURE: Final = 3
 SHUTDOWN_GRACE_SECONDS: Final = 5
-MIN_JWT_SECRET_BYTES: Final = 32
-
-# CLI parameter name -> Settings field name.
-_SETTINGS_FIELDS: Final = {
-    "host": "host",
-    "port": "port",
-    "redis_url": "redis_url",
-    "max_events_per_run": "max_events_per_run",
-    "stream_ttl": "stream_ttl_seconds",
-    "heartbeat_interval": "heartbeat_interval_seconds",
-    "api_key": "api_keys",
-    "jwt_secret": "jwt_secret",
-    "legacy_end_scan": "legacy_end_scan_enabled",
-    "log_format": "log_format",
-    "allow_open_nonloopback": "allow_open_nonloopback",
-}
 
 
 class ConfigError(Exception):
@@ -89,51 +62,86 @@ def _fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
 def format_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
-        parts.append(f"{where}: {err.get('msg', 'invalid')} (got {err.get('input')!r})")
+        loc = err.get("loc", ())
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = Settings.model_fields.get(str(loc[0])) if loc else None
+        if field is None:  # a rule over several settings: the message says it all
+            parts.append(message)
+        elif not field.repr:  # a secret: never echo what was given
+            parts.append(f"{loc[0]}: {message}")
+        else:
+            where = ".".join(str(p) for p in loc)
+            parts.append(f"{where}: {message} (got {err.get('input')!r})")
     return "invalid settings: " + "; ".join(parts)
 
 
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 (also bracketed, or IPv4-mapped) and `localhost`."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
-
-
-def build_settings(given: dict[str, Any]) -> Settings:
+def build_settings(given: Mapping[str, Any]) -> Settings:
     """Settings from the explicitly given flags plus the environment; ConfigError if bad."""
     try:
-        settings = Settings(**given)
+        return Settings(**given)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
     except ValueError as exc:  # e.g. a malformed complex env value
         raise ConfigError(f"invalid settings: {exc}") from None
-    check_startup_policy(settings)
-    return settings
 
 
-def check_startup_policy(settings: Settings) -> None:
-    if any(not key.strip() for key in settings.api_keys):
-        raise ConfigError("an API key must not be empty")
-    if settings.jwt_secret and len(settings.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
-        raise ConfigError(
-            f"jwt_secret must be at least {MIN_JWT_SECRET_BYTES} bytes (HMAC key strength)"
-        )
-    open_mode = not settings.api_keys and not settings.jwt_secret
-    if open_mode and not is_loopback(settings.host) and not settings.allow_open_nonloopback:
-        raise ConfigError(
-            f"refusing to serve without authentication on non-loopback host {settings.host!r}: "
-            "set --api-key / --jwt-secret (GATEWAY_API_KEY / GATEWAY_JWT_SECRET), bind to "
-            "127.0.0.1, or force it with --allow-open-nonloopback"
-        )
+# -- flags generated from Settings ---------------------------------------------------------
+
+
+def _flag_type(name: str, annotation: Any) -> tuple[Any, bool]:
+    """The click type of a field's flag, and whether the flag repeats."""
+    args = tuple(a for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        return _flag_type(name, args[0])  # `X | None`: the flag takes an X
+    if get_origin(annotation) is Literal:
+        return click.Choice([str(a) for a in args]), False
+    if get_origin(annotation) is tuple and args[:1] == (str,):
+        return click.STRING, True
+    if annotation in (str, int, float):
+        return annotation, False
+    raise TypeError(f"Settings.{name}: no flag for type {annotation!r} (extend _flag_type)")
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, tuple):
+        return ",".join(default) or "none"
+    return "none" if default is None else str(default)
+
+
+def _setting_option(name: str, field: FieldInfo) -> click.Option:
+    if not field.description:
+        raise TypeError(f"Settings.{name} needs a description (it is the flag's help)")
+    flag = "--" + name.replace("_", "-")
+    note = f"env {ENV_PREFIX}{name.upper()}; default: {_shown(field.get_default())}"
+    if field.annotation is bool:
+        decls = [f"{flag}/--no-{flag[2:]}", name]
+        return click.Option(decls, default=None, help=f"{field.description} [{note}]")
+    click_type, repeats = _flag_type(name, field.annotation)
+    if repeats:
+        note = "repeatable; comma-separated in the " + note
+    return click.Option(
+        [flag, name],
+        type=click_type,
+        multiple=repeats,
+        default=None,
+        help=f"{field.description} [{note}]",
+    )
+
+
+def setting_options() -> list[click.Option]:
+    """One `gateway serve` option per settings field, in the fields' order."""
+    return [_setting_option(name, field) for name, field in Settings.model_fields.items()]
+
+
+def given_settings(ctx: click.Context) -> dict[str, Any]:
+    """The settings the command line gave explicitly (the environment fills the rest)."""
+    return {
+        name: ctx.params[name]
+        for name in Settings.model_fields
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    }
 
 
 # -- serve --------------------------------------------------------------------------------
@@ -260,51 +268,27 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
-@click.option("--port", type=int, default=8000, show_default=True, help="Bind port.")
-@click.option("--redis-url", default=None, help="Redis URL; absent: in-process memory bridge.")
-@click.option("--max-events-per-run", type=int, default=None, help="Retained events per run.")
-@click.option("--stream-ttl", type=float, default=None, help="Rolling TTL of a run (seconds).")
-@click.option(
-    "--heartbeat-interval", type=float, default=None, help="Idle seconds between heartbeats."
-)
-@click.option("--api-key", multiple=True, help="API key (repeatable).")
-@click.option("--jwt-secret", default=None, help="HMAC secret of subscriber tokens.")
-@click.option(
-    "--legacy-end-scan/--no-legacy-end-scan",
-    default=None,
-    help="Scan for an older END before writing one (default on).",
-)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
-@click.option(
-    "--allow-open-nonloopback",
-    is_flag=True,
-    default=False,
-    help="Serve without authentication on a non-loopback address (unsafe).",
-)
 @click.option("--demo", is_flag=True, default=False, help="Also run the demo producer.")
 @click.pass_context
-def serve(ctx: click.Context, /, demo: bool, **params: Any) -> None:
-    """Run the gateway. Every flag may also be given as GATEWAY_<NAME>."""
-    given: dict[str, Any] = {}
-    for name, field in _SETTINGS_FIELDS.items():
-        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
-            value = params[name]
-            given[field] = tuple(value) if name == "api_key" else value
+def serve(ctx: click.Context, /, demo: bool, **_settings: Any) -> None:
+    """Run the gateway. Every setting is a flag here and an env var GATEWAY_<NAME>."""
     try:
-        settings = build_settings(given)
+        settings = build_settings(given_settings(ctx))
     except ConfigError as exc:
         _fail(str(exc))
     sys.exit(run_server(settings, demo))
+
+
+serve.params[:0] = setting_options()
 
 
 @cli.command(name="demo")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True)
 @click.option(
     "--api-key",
-    envvar="GATEWAY_API_KEY",
+    envvar="GATEWAY_API_KEYS",
     default=None,
-    help="Producer API key (env GATEWAY_API_KEY; the first of a comma-separated list).",
+    help="Producer API key (env GATEWAY_API_KEYS: the first of its comma-separated list).",
 )
 @click.option("--runs", type=click.IntRange(min=1), default=None, help="Stop after N runs.")
 @click.option("--token-delay", type=click.FloatRange(min=0), default=0.05, show_default=True)

@@ -1,19 +1,30 @@
-"""The gateway's exception tree. The HTTP layer translates it to responses in one place.
+"""The gateway's exception tree, drawn whole: every exception that leaves the module raising it.
 
-GatewayError
-├── InvalidInput            bad run id, event name, status, cursor, payload (4xx)
-│   └── PayloadTooLarge     an event or batch over the configured limits
-├── RunNotFound             no record of the run
-├── ProducerFenced          stale/wrong producer token or expired lease
-├── RunOwned                claim refused: a live lease is held elsewhere
-├── SessionMismatch         claim naming a session the run is not in (409)
-├── StreamEnded             write after END (or claim of an ended run)
-├── SessionActive           clear (retire=false) refused: a turn is still running (409)
-├── BridgeClosed            the bridge was closed
-├── BackendUnavailable      Redis unreachable or failing
-├── Unauthorized            missing or invalid credentials (401)
-│   └── TokenExpired        a subscriber token past its `exp` (401)
-└── Forbidden               valid credentials that do not cover this run/session (403)
+Exception
+├── GatewayError               raised on purpose by the library (this module)
+│   ├── InvalidInput           bad run id, event name, status, cursor, payload; also a ValueError
+│   │   ├── PayloadTooLarge    an event or batch over the configured limits
+│   │   └── MalformedCursor    a cursor that is not `<ms>-<seq>` (gateway.cursor)
+│   ├── RunNotFound            no record of the run
+│   ├── ProducerFenced         stale/wrong producer token or expired lease
+│   ├── RunOwned               claim refused: a live lease is held elsewhere
+│   ├── SessionMismatch        claim naming a session the run is not in
+│   ├── StreamEnded            write after END
+│   │   └── RunEndedOnClaim    claim of a run whose log already ends (gateway.http.errors)
+│   ├── SessionActive          clear (retire=false) refused: a turn is still running
+│   ├── BridgeClosed           the bridge was closed
+│   ├── BackendUnavailable     Redis unreachable or failing
+│   ├── Unauthorized           missing or invalid credentials
+│   │   └── TokenExpired       a subscriber token past its `exp`
+│   └── Forbidden              valid credentials that do not cover this run/session
+├── HttpError                  an HTTP-level problem with its own status and code, such as
+│                              invalid JSON or a missing header (gateway.http.errors)
+└── ConfigError                a startup configuration problem: one line, exit code 2 (gateway.cli)
+
+Each class's `code` is the `error` field of its HTTP response body. The HTTP status of a
+`GatewayError` comes from one table, `gateway.http.errors.RULES`, looked up along the
+class's MRO, so a new subclass answers like its parent until it gets a row of its own.
+Exceptions private to one module (control flow that never leaves it) are not drawn.
 """
 
 from __future__ import annotations

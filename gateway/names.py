@@ -8,8 +8,15 @@ from typing import Final
 from .errors import InvalidInput
 from .values import END_STATUSES, EndStatus
 
-_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+# Run and session ids: 1-128 chars of [A-Za-z0-9._:-], the first a letter or digit.
+ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
+_ID_RE: Final = re.compile(ID_PATTERN)
 _EVENT_RE: Final = re.compile(r"[!-9;-~]{1,64}")  # printable ASCII except ':' and space
+
+
+def is_valid_id(value: str) -> bool:
+    """True for a well-formed run or session id."""
+    return _ID_RE.fullmatch(value) is not None
 
 
 def check_run_id(run_id: str) -> str:

@@ -1,105 +1,181 @@
-"""The one frozen settings object, built at the edge from env (`GATEWAY_*`) and CLI flags.
+"""The one frozen settings object, built at the edge (`gateway.cli`) and passed down.
 
-Nothing else in the package reads the environment: `Settings` is passed down explicitly.
-Every setting is startup-only.
+Each setting is one field of `Settings` and nothing else. From the field follow:
+- its environment variable, `GATEWAY_<NAME>` (for example `GATEWAY_STREAM_TTL_SECONDS`),
+  the only name the environment is read under; an unprefixed `STREAM_TTL_SECONDS` or
+  `API_KEYS` that another program set is ignored;
+- its `gateway serve` flag, `--<name>` with dashes (`--stream-ttl-seconds`; a boolean
+  gets `--<name>/--no-<name>`, a list is repeatable), which `gateway.cli` generates
+  from this class with the field's `description` as the flag's help.
+So adding a field is the whole of adding a setting. Every setting is startup-only. A
+`GATEWAY_*` variable that names no setting is refused (a typo would otherwise be a
+setting silently left at its default).
+
+Nothing else in the package reads the environment. Settings that would serve without
+authentication on a non-loopback address are invalid (unless `allow_open_nonloopback`
+forces it), whoever builds them: the command line and library users of `create_app`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Literal
+import ipaddress
+from typing import Annotated, Literal, Self
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "GATEWAY_"
+MIN_JWT_SECRET_BYTES = 32
 
 
-def _env(*names: str) -> AliasChoices:
-    return AliasChoices(*names)
+def _split_commas(value: object) -> object:
+    # The environment gives one string ("k1,k2"); flags and code give a sequence.
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
+
+
+# A list setting: comma-separated in its environment variable, a repeatable flag.
+CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_split_commas)]
+# A duration in seconds: positive and finite.
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (also bracketed, or IPv4-mapped) and `localhost`."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="GATEWAY_", frozen=True, populate_by_name=True, extra="forbid"
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="Bind port (0: any free port).")
+    redis_url: str | None = Field(
+        None,
+        description="Redis URL (redis://, rediss://, redis+cluster://); "
+        "none: the in-process memory bridge.",
+    )
+    redis_key_prefix: str = Field("gw:", description="Prefix of every Redis key.")
+    redis_max_connections: int = Field(
+        64, ge=2, description="Connections in the Redis pool of one process."
+    )
+    redis_command_timeout_seconds: Seconds = Field(
+        5.0,
+        description="Every Redis operation of a request or stream, retries included, "
+        "answers within this (503 to writers, an unavailable frame to readers).",
+    )
+    redis_connect_timeout_seconds: Seconds = Field(
+        2.0, description="Connecting to a Redis server gives up after this."
+    )
+    fanout_window_events: int = Field(
+        1_024,
+        ge=16,
+        description="Newest entries of each run kept in process for its local subscribers (Redis).",
     )
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    redis_url: str | None = None
-    redis_key_prefix: str = "gw:"
-    redis_max_connections: int = Field(64, ge=2)
-    # Every Redis operation of the bridge, retries included, answers within this (or
-    # fails as unavailable: 503 to writers, an `unavailable` frame to readers).
-    redis_command_timeout_seconds: float = Field(5.0, gt=0)
-    redis_connect_timeout_seconds: float = Field(2.0, gt=0)
-    # Newest entries of each run kept in process for its local subscribers (Redis).
-    fanout_window_events: int = Field(1_024, ge=16)
-
-    max_events_per_run: int = Field(10_000, ge=1)
-    stream_ttl_seconds: float = Field(
-        86_400, gt=0, validation_alias=_env("stream_ttl_seconds", "GATEWAY_STREAM_TTL")
+    max_events_per_run: int = Field(10_000, ge=1, description="Retained events per run.")
+    stream_ttl_seconds: Seconds = Field(
+        86_400, description="Rolling TTL of a run's keys, refreshed by each write."
     )
-    ended_ttl_seconds: float = Field(
-        3_600, gt=0, validation_alias=_env("ended_ttl_seconds", "GATEWAY_ENDED_TTL")
+    ended_ttl_seconds: Seconds = Field(
+        3_600, description="How long a run stays readable after its END."
     )
-    heartbeat_interval_seconds: float = Field(
-        15.0,
-        gt=0,
-        validation_alias=_env(
-            "heartbeat_interval_seconds",
-            "GATEWAY_HEARTBEAT_INTERVAL",
-            "GATEWAY_HEARTBEAT_INTERVAL_SECONDS",
-        ),
+    heartbeat_interval_seconds: Seconds = Field(
+        15.0, description="Idle seconds between SSE heartbeats; also the liveness check period."
     )
-    # A client whose socket takes no bytes for this long is dropped (it reconnects with
-    # its cursor); until then it only falls behind, never holding up anybody else.
-    sse_send_timeout_seconds: float = Field(
+    sse_send_timeout_seconds: Seconds = Field(
         30.0,
-        gt=0,
-        validation_alias=_env(
-            "sse_send_timeout_seconds",
-            "GATEWAY_SSE_SEND_TIMEOUT",
-            "GATEWAY_SSE_SEND_TIMEOUT_SECONDS",
-        ),
+        description="A client whose socket takes no bytes for this long is dropped (it "
+        "reconnects with its cursor); until then it only falls behind.",
     )
-    lease_seconds: float = Field(30.0, gt=0)
-    max_lease_seconds: float = Field(3_600.0, gt=0)
+    lease_seconds: Seconds = Field(30.0, description="Default producer lease.")
+    max_lease_seconds: Seconds = Field(3_600.0, description="Longest lease a producer may ask.")
     legacy_end_scan_enabled: bool = Field(
         True,
-        validation_alias=_env(
-            "legacy_end_scan_enabled", "GATEWAY_LEGACY_END_SCAN", "GATEWAY_LEGACY_END_SCAN_ENABLED"
-        ),
+        description="Scan a run's retained log for an older END before writing one "
+        "(see docs/operations.md before turning it off).",
     )
 
-    api_keys: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), validation_alias=_env("api_keys", "GATEWAY_API_KEY", "GATEWAY_API_KEYS")
+    api_keys: CommaList = Field(
+        (), repr=False, description="API keys of producers, operators and readers."
     )
-    jwt_secret: str | None = None
-    allow_open_nonloopback: bool = False
+    jwt_secret: str | None = Field(
+        None,
+        repr=False,
+        description=f"HMAC secret of subscriber tokens (at least {MIN_JWT_SECRET_BYTES} bytes).",
+    )
+    allow_open_nonloopback: bool = Field(
+        False,
+        description="Serve without authentication on a non-loopback address (unsafe).",
+    )
 
-    max_event_bytes: int = Field(1_048_576, ge=64)
-    max_body_bytes: int = Field(4_194_304, ge=64)
-    max_batch_events: int = Field(1_000, ge=1)
+    max_event_bytes: int = Field(1_048_576, ge=64, description="Largest encoded event payload.")
+    max_body_bytes: int = Field(4_194_304, ge=64, description="Largest request body.")
+    max_batch_events: int = Field(1_000, ge=1, description="Most events in one batch.")
 
-    log_format: Literal["text", "json"] = "text"
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
 
-    @field_validator("api_keys", mode="before")
     @classmethod
-    def _split_keys(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(k.strip() for k in value.split(",") if k.strip())
-        return value
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if isinstance(env_settings, EnvSettingsSource):
+            prefix = ENV_PREFIX.lower()  # names are read case-insensitively
+            unknown = sorted(
+                name.upper()
+                for name in env_settings.env_vars
+                if name.startswith(prefix) and name[len(prefix) :] not in cls.model_fields
+            )
+            if unknown:
+                raise ValueError(
+                    f"unknown settings in the environment: {', '.join(unknown)} "
+                    "(gateway serve --help lists every setting)"
+                )
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
 
-    @field_validator(
-        "stream_ttl_seconds",
-        "ended_ttl_seconds",
-        "heartbeat_interval_seconds",
-        "lease_seconds",
-        "sse_send_timeout_seconds",
-        "redis_command_timeout_seconds",
-        "redis_connect_timeout_seconds",
-    )
+    @field_validator("api_keys")
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be finite")
-        return value
+    def _no_empty_key(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not key.strip() for key in keys):
+            raise ValueError("an API key must not be empty")
+        return keys
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _strong_secret(cls, secret: str | None) -> str | None:
+        if secret and len(secret.encode()) < MIN_JWT_SECRET_BYTES:
+            raise ValueError(f"must be at least {MIN_JWT_SECRET_BYTES} bytes (HMAC key strength)")
+        return secret or None
+
+    @model_validator(mode="after")
+    def _no_open_public_bind(self) -> Self:
+        open_mode = not self.api_keys and not self.jwt_secret
+        if open_mode and not is_loopback(self.host) and not self.allow_open_nonloopback:
+            raise ValueError(
+                f"refusing to serve without authentication on non-loopback host "
+                f"{self.host!r}: set --api-keys / --jwt-secret (GATEWAY_API_KEYS / "
+                "GATEWAY_JWT_SECRET), bind to 127.0.0.1, or force it with "
+                "--allow-open-nonloopback"
+            )
+        return self

@@ -27,20 +27,23 @@ def encode_json(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamEvent:
     """One event of a run log. `data` is the compact JSON encoded once at publish.
 
-    `wire` is free for the one consumer that writes events to clients to keep its
-    encoding of this event in (set once with `object.__setattr__`), so an event fanned
-    out to many subscribers is framed once, not once per subscriber. It takes no part
-    in equality.
+    `id`, `event` and `data` never change once made (equality and hash are theirs).
+    `wire` is a memo, not part of the value: the SSE layer stores the event's frame there
+    the first time it writes it, so an event fanned out to many subscribers is framed
+    once, not once per subscriber.
     """
 
     id: str
     event: str
     data: bytes
     wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.event, self.data))
 
     def value(self) -> Any:
         """The decoded JSON payload (a fresh object on every call)."""

@@ -6,12 +6,24 @@
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  producer token
--- ARGV[2]  events kept per run (exact MAXLEN)
+-- ARGV[2]  events kept per run (MAXLEN, trimmed exactly once the log holds ARGV[5] more)
 -- ARGV[3]  rolling TTL of the run's keys, ms
--- ARGV[4..] event name, JSON payload, event name, JSON payload, ...
+-- ARGV[4]  the largest notification that carries the events themselves, bytes
+-- ARGV[5]  trim slack: events past ARGV[2] tolerated before trimming (0: always exact)
+-- ARGV[6..] event name, JSON payload, event name, JSON payload, ...
 --
 -- Every publish renews the lease by the length the producer claimed it for, and
--- PUBLISHes on the channel named like the log key so following gateways wake.
+-- PUBLISHes on the channel named like the log key so following gateways wake. The
+-- notification carries what was appended, with the id it follows, so a gateway whose
+-- copy of the log ends there delivers without reading Redis (redis_codec.decode_push):
+--   "e <prev_id> <count>\n" then per event "<id> <name> <bytes>\n<json>"
+-- or is empty (read the log) when the events are larger than ARGV[4] or there was no log.
+--
+-- The record counts the log's length (`len`) and when the keys' TTL was last set
+-- (`ttl_at`), so most publishes need neither XLEN nor PEXPIRE: trimming runs once the
+-- log is ARGV[5] past its limit (then exactly, with XLEN), and the TTL is refreshed once
+-- a sixteenth of it has passed (so keys live between 15/16 and all of the TTL after
+-- the last write).
 --
 -- The log's floor (every event with a larger id is retained) lives in the stream itself,
 -- as its max-deleted-entry-id (XSETID ... MAXDELETEDID): trimming sets it to the newest
@@ -26,7 +38,7 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
-  'session', 'last', 'remove_at')
+  'session', 'last', 'remove_at', 'len', 'ttl_at')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -59,35 +71,59 @@ if not tail and meta[7] then
 end
 
 local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
-for i = 4, #ARGV, 2 do
-  reply[#reply + 1] = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
+local push = {}
+local push_bytes = 0
+local count = (#ARGV - 5) / 2
+for i = 6, #ARGV, 2 do
+  local id = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
   next_id = '*'
+  reply[#reply + 1] = id
+  push_bytes = push_bytes + #ARGV[i + 1]
+  if push_bytes <= tonumber(ARGV[4]) then
+    push[#push + 1] = string.format('%s %s %d\n', id, ARGV[i], #ARGV[i + 1]) .. ARGV[i + 1]
+  end
 end
 local last = reply[#reply]
 
 local maxlen = tonumber(ARGV[2])
-local excess = redis.call('XLEN', KEYS[2]) - maxlen
-if excess > 0 then
-  local victims = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', excess)
-  redis.call('XTRIM', KEYS[2], 'MAXLEN', maxlen)
-  floor = victims[#victims][1]
+local length = (tail and tonumber(meta[9] or '0') or 0) + count
+if length > maxlen + tonumber(ARGV[5]) then
+  length = redis.call('XLEN', KEYS[2])
+  local excess = length - maxlen
+  if excess > 0 then
+    local victims = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', excess)
+    redis.call('XTRIM', KEYS[2], 'MAXLEN', maxlen)
+    floor = victims[#victims][1]
+    length = maxlen
+  end
 end
 if floor then
   redis.call('XSETID', KEYS[2], last, 'MAXDELETEDID', floor)
 end
 
+local ttl = tonumber(ARGV[3])
+local remove_at = tonumber(meta[8] or '0')
+local ttl_at = tonumber(meta[10] or '0')
+local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 redis.call('HSET', KEYS[1],
   'lease_until', string.format('%d', now + tonumber(meta[5])),
-  'updated', string.format('%d', now), 'last', last)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
--- A removal scheduled with cleanup(delay) is not put off by later writes.
-local remove_at = tonumber(meta[8] or '0')
-if remove_at > now then
-  redis.call('PEXPIRE', KEYS[2], remove_at - now)
-else
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  if remove_at > 0 then redis.call('HDEL', KEYS[1], 'remove_at') end
+  'updated', string.format('%d', now), 'last', last, 'len', string.format('%d', length),
+  'ttl_at', string.format('%d', refresh and now or ttl_at))
+if refresh then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  -- A removal scheduled with cleanup(delay) is not put off by later writes.
+  if remove_at > now then
+    redis.call('PEXPIRE', KEYS[2], remove_at - now)
+  else
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    if remove_at > 0 then redis.call('HDEL', KEYS[1], 'remove_at') end
+  end
 end
 -- Wake the gateways following this run (the channel is the log key's name).
-redis.call('PUBLISH', KEYS[2], '')
+if tail and #push == count then
+  redis.call('PUBLISH', KEYS[2],
+    string.format('e %s %d\n', tail[1], count) .. table.concat(push))
+else
+  redis.call('PUBLISH', KEYS[2], '')
+end
 return reply

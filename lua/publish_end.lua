@@ -128,5 +128,12 @@ if floor then
   redis.call('XSETID', KEYS[2], end_id, 'MAXDELETEDID', floor)
 end
 settle(end_id, ARGV[2], writer)
-redis.call('PUBLISH', KEYS[2], '')  -- wake the gateways following this run
+-- Wake the gateways following this run, with the END itself when it follows the tail
+-- (the format of publish.lua's notifications; an END is "x ...", its data the error).
+if tail then
+  redis.call('PUBLISH', KEYS[2], string.format('x %s 1\n%s %s %d\n', tail[1], end_id, ARGV[2],
+    #ARGV[3]) .. ARGV[3])
+else
+  redis.call('PUBLISH', KEYS[2], '')
+end
 return {'ok', end_id, 0, session, scanned}

@@ -433,9 +433,9 @@ class GatewayProcess(_Process):
         if self.redis_url:
             argv += ["--redis-url", self.redis_url]
         if self.api_key:
-            argv += ["--api-key", self.api_key]
+            argv += ["--api-keys", self.api_key]
         if self.heartbeat is not None:
-            argv += ["--heartbeat-interval", str(self.heartbeat)]
+            argv += ["--heartbeat-interval-seconds", str(self.heartbeat)]
         return argv + self.args
 
     def _env(self) -> dict[str, str]:

@@ -1,7 +1,7 @@
-"""The stream-bridge contract suite (PROTOCOL.md sections 1-2), run against both backends.
+"""The stream-bridge contract suite (docs/protocol.md §1-2), run against both backends.
 
 Written from the contract, not from the implementations: every test here is a sentence
-of PROTOCOL 2.x (or of the `StreamBridge` docstrings) made executable. The `make_bridge`
+of docs/protocol.md §2 (or of the `StreamBridge` docstrings) made executable. The `make_bridge`
 fixture (tests/conftest.py) parametrizes every test over "memory" and "redis"; the
 Redis-only tests at the end skip on memory.
 
@@ -487,7 +487,7 @@ async def test_live_reader_falling_behind_the_window_gets_a_gap(small: StreamBri
 
 
 async def test_reader_resuming_from_gap_bound_gets_the_rest(small: StreamBridge) -> None:
-    """The client rejoins with Last-Event-ID = latest_available_event_id (PROTOCOL 4)."""
+    """The client rejoins with Last-Event-ID = latest_available_event_id (docs/protocol.md §4)."""
     with anyio.fail_after(TIMEOUT):
         run_id, claim, ids, _ = await trimmed_run(small)
         gap = only_gap(await read_all(small, run_id, ids[0]))
@@ -853,7 +853,7 @@ async def test_memory_cleanup_after_everything_consumed_still_gets_end(
     bridge: StreamBridge, backend: str
 ) -> None:
     if backend != "memory":
-        pytest.skip("PROTOCOL 2.3 states this for the memory bridge")
+        pytest.skip("docs/protocol.md §2.3 states this for the memory bridge")
     with anyio.fail_after(TIMEOUT):
         run_id, claim, ids = await new_run(bridge, 2)
         await bridge.publish_end(run_id, "success", producer_token=claim.token)
@@ -867,7 +867,7 @@ async def test_memory_reader_never_attaches_to_recreated_stream(
     bridge: StreamBridge, backend: str
 ) -> None:
     if backend != "memory":
-        pytest.skip("PROTOCOL 2.3 states this for the memory bridge")
+        pytest.skip("docs/protocol.md §2.3 states this for the memory bridge")
     with anyio.fail_after(TIMEOUT):
         run_id, claim, ids = await new_run(bridge, 2)
         async with subscription(bridge, run_id, heartbeat_interval=0.2) as it:

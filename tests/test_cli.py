@@ -18,7 +18,7 @@ import httpx
 import jwt
 import pytest
 
-from gateway.cli import is_loopback
+from gateway.settings import is_loopback
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -167,20 +167,22 @@ def assert_config_error(result: subprocess.CompletedProcess[str], needle: str) -
         (["--port", "-1"], {}, "port"),
         (["--port", "70000"], {}, "port"),
         (["--port", "eighty"], {}, "--port"),
-        (["--heartbeat-interval", "0"], {}, "heartbeat_interval"),
-        (["--heartbeat-interval", "inf"], {}, "heartbeat_interval"),
-        (["--stream-ttl", "-5"], {}, "stream_ttl"),
+        (["--heartbeat-interval-seconds", "0"], {}, "heartbeat_interval"),
+        (["--heartbeat-interval-seconds", "inf"], {}, "heartbeat_interval"),
+        (["--stream-ttl-seconds", "-5"], {}, "stream_ttl"),
         (["--max-events-per-run", "0"], {}, "max_events_per_run"),
         (["--log-format", "xml"], {}, "--log-format"),
         (["--no-such-flag"], {}, "no-such-flag"),
-        ([], {"GATEWAY_HEARTBEAT_INTERVAL": "nan"}, "heartbeat_interval"),
-        ([], {"GATEWAY_SSE_SEND_TIMEOUT": "inf"}, "sse_send_timeout"),
+        ([], {"GATEWAY_HEARTBEAT_INTERVAL_SECONDS": "nan"}, "heartbeat_interval"),
+        ([], {"GATEWAY_SSE_SEND_TIMEOUT_SECONDS": "inf"}, "sse_send_timeout"),
         ([], {"GATEWAY_PORT": "abc"}, "port"),
         ([], {"GATEWAY_LOG_FORMAT": "yaml"}, "log_format"),
-        ([], {"GATEWAY_LEGACY_END_SCAN": "maybe"}, "legacy_end_scan"),
+        ([], {"GATEWAY_LEGACY_END_SCAN_ENABLED": "maybe"}, "legacy_end_scan"),
         (["--jwt-secret", "too-short"], {}, "jwt_secret"),
-        (["--api-key", ""], {}, "API key"),
-        (["--api-key", " ", "--host", "0.0.0.0"], {}, "API key"),
+        (["--api-keys", ""], {}, "API key"),
+        (["--api-keys", " ", "--host", "0.0.0.0"], {}, "API key"),
+        # a GATEWAY_* name that is no setting (here: a name older versions read)
+        ([], {"GATEWAY_API_KEY": "k1"}, "unknown settings in the environment: GATEWAY_API_KEY"),
     ],
 )
 def test_invalid_settings_exit_2_with_one_line(
@@ -197,9 +199,9 @@ def test_flag_beats_env(occupied_port: int) -> None:
         "serve",
         "--port",
         str(occupied_port),
-        "--heartbeat-interval",
+        "--heartbeat-interval-seconds",
         "-1",
-        env=clean_env(GATEWAY_HEARTBEAT_INTERVAL="5"),
+        env=clean_env(GATEWAY_HEARTBEAT_INTERVAL_SECONDS="5"),
     )
     assert_config_error(result, "heartbeat_interval")
     # ... and env still fills the settings no flag gave.
@@ -224,7 +226,9 @@ def test_port_in_use_fails_without_traceback(occupied_port: int) -> None:
         (["--host", "::"], {}),
         (["--host", "192.0.2.10"], {}),
         ([], {"GATEWAY_HOST": "0.0.0.0"}),
-        ([], {"GATEWAY_HOST": "0.0.0.0", "GATEWAY_API_KEY": " , ", "GATEWAY_JWT_SECRET": ""}),
+        ([], {"GATEWAY_HOST": "0.0.0.0", "GATEWAY_API_KEYS": " , ", "GATEWAY_JWT_SECRET": ""}),
+        # Another program's unprefixed variables configure nothing.
+        ([], {"GATEWAY_HOST": "0.0.0.0", "API_KEYS": "k1", "JWT_SECRET": "j" * 40}),
     ],
 )
 def test_non_loopback_without_auth_refuses_to_start(
@@ -319,7 +323,7 @@ def test_serve_demo_streams_tokens_then_end(start_server: Callable[..., Server])
 def test_sigterm_with_an_open_stream_exits_0_promptly(
     start_server: Callable[..., Server],
 ) -> None:
-    server = start_server("--demo", "--heartbeat-interval", "0.5")
+    server = start_server("--demo", "--heartbeat-interval-seconds", "0.5")
     server.wait_healthy()
     match = wait_for(lambda: WATCH_RE.search(server.log()), 15, "the demo's curl line")
     timeout = httpx.Timeout(10, read=15)
@@ -339,7 +343,7 @@ def test_sigterm_with_an_open_stream_exits_0_promptly(
 @needs_app
 def test_demo_command_produces_over_http(start_server: Callable[..., Server]) -> None:
     key = "producer-key-123"
-    server = start_server("--api-key", key)
+    server = start_server("--api-keys", key)
     server.wait_healthy()
     result = subprocess.run(
         [
@@ -357,7 +361,7 @@ def test_demo_command_produces_over_http(start_server: Callable[..., Server]) ->
             "0",
         ],
         cwd=ROOT,
-        env=clean_env(GATEWAY_API_KEY=key),
+        env=clean_env(GATEWAY_API_KEYS=key),
         capture_output=True,
         text=True,
         timeout=30,

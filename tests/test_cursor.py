@@ -1,4 +1,4 @@
-"""The reconnect-cursor parser (PROTOCOL 2.2), offline: no I/O, no backend.
+"""The reconnect-cursor parser (docs/protocol.md §2.2), offline: no I/O, no backend.
 
 `<ms>-<seq>`, ASCII digits only, each component an unsigned 64-bit integer. Everything
 else is malformed; `try_parse_cursor` maps malformed (and missing) cursors to None so

@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from gateway.cli import SHUTDOWN_GRACE_SECONDS
+from gateway.settings import Settings
 from tests.http_server import ProducerClient
 from tests.proxies import DEPLOY, HAPROXY_BIN, NGINX_BIN, GatewayProcess, Proxy
 from tests.sse_client import Frame, iter_frames
@@ -405,7 +406,7 @@ def test_compose_has_redis_with_aof_two_gateways_and_a_balancer() -> None:
     for svc in gateways.values():
         env = svc["environment"]
         assert env["GATEWAY_REDIS_URL"].startswith("redis://redis:")
-        assert "GATEWAY_API_KEY" in env
+        assert "GATEWAY_API_KEYS" in env
     volumes = " ".join(str(v) for svc in services.values() for v in (svc.get("volumes") or []))
     assert "haproxy.cfg" in volumes or "nginx.conf.template" in volumes
     balancers = [
@@ -464,4 +465,22 @@ def test_k8s_manifests_parse_and_cover_the_basics() -> None:
         ref = source.get("configMapRef") or source.get("secretRef")
         assert ref["name"] in config_names
     env = {e["name"]: e for e in container.get("env", [])}
-    assert "GATEWAY_API_KEY" in env or any("secretRef" in s for s in container.get("envFrom", []))
+    assert "GATEWAY_API_KEYS" in env or any("secretRef" in s for s in container.get("envFrom", []))
+
+
+def test_deploy_files_set_only_real_settings() -> None:
+    """Every `GATEWAY_*` name the gateway containers get is a setting (others are refused)."""
+    settings = {f"GATEWAY_{name.upper()}" for name in Settings.model_fields}
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    given: set[str] = set()
+    for svc in compose["services"].values():
+        if svc.get("build"):
+            given |= set(svc.get("environment") or {})
+    for doc in k8s_documents():
+        if doc["kind"] in ("ConfigMap", "Secret"):
+            given |= set(doc.get("data") or {}) | set(doc.get("stringData") or {})
+        if doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                given |= {e["name"] for e in container.get("env", [])}
+    assert {"GATEWAY_API_KEYS", "GATEWAY_REDIS_URL"} <= given
+    assert given <= settings, sorted(given - settings)

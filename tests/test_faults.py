@@ -518,7 +518,8 @@ class ReplyDropper:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
         self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         task_status.started()
-        await listener.serve(self._relay)
+        async with listener:  # serve() returns on cancellation without closing it
+            await listener.serve(self._relay)
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
         swallow = anyio.Event()  # set: the next reply is dropped with the connections

@@ -87,8 +87,7 @@ def gateway(redis_url: str) -> Iterator[GatewayProcess]:
         yield gw
 
 
-async def _claim(base_url: str, count: int, tag: str) -> list[ProducerClient]:
-    client = httpx.AsyncClient(base_url=base_url, timeout=10)
+async def _claim(client: httpx.AsyncClient, count: int, tag: str) -> list[ProducerClient]:
     return [
         await ProducerClient.claim(client, run_id=f"{tag}-{i}-{time.monotonic_ns()}")
         for i in range(count)
@@ -122,7 +121,10 @@ async def test_twenty_event_sources_over_http2_and_the_seventh_waits_over_http1(
     kind: str, gateway: GatewayProcess
 ) -> None:
     with Proxy(kind, backends=[gateway.url], tls=True) as proxy:  # type: ignore[arg-type]
-        async with async_playwright() as pw:
+        async with (
+            httpx.AsyncClient(base_url=proxy.url, timeout=10) as producers,
+            async_playwright() as pw,
+        ):
             browser = await pw.chromium.launch(
                 executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000
             )
@@ -132,7 +134,7 @@ async def test_twenty_event_sources_over_http2_and_the_seventh_waits_over_http1(
                 page.set_default_timeout(WAIT_MS)
                 with anyio.fail_after(90):
                     # HTTP/2 (TLS listener, ALPN h2): all 20 open and stream at once
-                    h2 = await _claim(proxy.url, STREAMS, "h2")
+                    h2 = await _claim(producers, STREAMS, "h2")
                     await page.goto(f"{proxy.tls_url}/healthz")
                     await page.evaluate(OPEN_STREAMS_JS, [[p.run_id for p in h2]])
                     await page.wait_for_function(f"feed.open === {STREAMS}")
@@ -145,7 +147,7 @@ async def test_twenty_event_sources_over_http2_and_the_seventh_waits_over_http1(
                     await page.evaluate("() => feed.sources.forEach((s) => s.close())")
 
                     # HTTP/1.1 (plain listener, same proxy): six stream, the seventh waits
-                    h1 = await _claim(proxy.url, STREAMS, "h1")
+                    h1 = await _claim(producers, STREAMS, "h1")
                     page = await context.new_page()
                     page.set_default_timeout(WAIT_MS)
                     await page.goto(f"{proxy.url}/healthz")

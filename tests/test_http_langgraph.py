@@ -7,6 +7,7 @@ proxy that the test can sever mid-stream.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import anyio
 import httpx
@@ -36,16 +37,19 @@ class CuttableProxy:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         task_status.started()
-        await listener.serve(self._handle)
+        async with listener:  # serve() returns on cancellation without closing it
+            await listener.serve(self._handle)
 
     async def _handle(self, downstream: SocketStream) -> None:
-        with anyio.CancelScope() as scope:
-            self._scopes.append(scope)
-            self.connections += 1
-            upstream = await anyio.connect_tcp("127.0.0.1", self.upstream_port)
-            async with downstream, upstream, anyio.create_task_group() as tg:
-                tg.start_soon(_pipe, downstream, upstream, tg.cancel_scope)
-                tg.start_soon(_pipe, upstream, downstream, tg.cancel_scope)
+        # Closed however the handler ends, also when a cut lands while it connects.
+        async with downstream:
+            with anyio.CancelScope() as scope:
+                self._scopes.append(scope)
+                self.connections += 1
+                upstream = await anyio.connect_tcp("127.0.0.1", self.upstream_port)
+                async with upstream, anyio.create_task_group() as tg:
+                    tg.start_soon(_pipe, downstream, upstream, tg.cancel_scope)
+                    tg.start_soon(_pipe, upstream, downstream, tg.cancel_scope)
 
     def cut(self) -> None:
         for scope in self._scopes:
@@ -100,11 +104,10 @@ async def test_sdk_join_stream_after_cursor(
     producer = await ProducerClient.claim(client, session_id="t")
     ids = await producer.publish(*[("values", {"i": i}) for i in range(5)])
     await producer.end()
-    sdk = get_client(url=gateway_server.base_url)
-    with anyio.fail_after(15):
-        parts = [
-            part async for part in sdk.runs.join_stream("t", producer.run_id, last_event_id=ids[1])
-        ]
+    async with get_client(url=gateway_server.base_url) as sdk:  # closes its connections
+        with anyio.fail_after(15):
+            stream = sdk.runs.join_stream("t", producer.run_id, last_event_id=ids[1])
+            parts = [part async for part in stream]
     assert [p.event for p in parts] == ["values", "values", "values", "end"]
     assert [p.data for p in parts[:3]] == [{"i": 2}, {"i": 3}, {"i": 4}]
 
@@ -114,18 +117,19 @@ async def test_sdk_reconnects_after_server_side_cut(
 ) -> None:
     producer = await ProducerClient.claim(client, session_id="t")
     first = await producer.publish(*[("values", {"i": i}) for i in range(3)])
-    sdk = get_client(url=f"http://127.0.0.1:{proxy.port}")
     received: list[object] = []
-    with anyio.fail_after(30):
-        stream = sdk.runs.join_stream("t", producer.run_id)
-        async for part in stream:
-            received.append(part.data)
-            if len(received) == 3:
-                proxy.cut()  # server-side drop mid-stream
-                later = await producer.publish(*[("values", {"i": i}) for i in range(3, 6)])
-                await producer.end()
-            if part.event == "end":
-                break
+    async with get_client(url=f"http://127.0.0.1:{proxy.port}") as sdk:
+        with anyio.fail_after(30):
+            # aclosing: leaving the loop early still closes the stream's connection
+            async with aclosing(sdk.runs.join_stream("t", producer.run_id)) as stream:
+                async for part in stream:
+                    received.append(part.data)
+                    if len(received) == 3:
+                        proxy.cut()  # server-side drop mid-stream
+                        later = await producer.publish(*[("values", {"i": i}) for i in range(3, 6)])
+                        await producer.end()
+                    if part.event == "end":
+                        break
     assert len(first) == 3 and len(later) == 3
     assert proxy.connections >= 2  # the SDK really reconnected
     assert received == [{"i": i} for i in range(6)] + [{"status": "success"}]

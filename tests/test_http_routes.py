@@ -1,4 +1,4 @@
-"""Every JSON route and status code of PROTOCOL section 3, on both bridges."""
+"""Every JSON route and status code of docs/protocol.md §3, on both bridges."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SSE through a real uvicorn server, on the memory and the Redis bridge (PROTOCOL 4)."""
+"""SSE through a real uvicorn server, on the memory and the Redis bridge (docs/protocol.md §4)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -62,3 +65,26 @@ def test_wheel_carries_lua_and_installed_copy_loads_it(tmp_path: Path) -> None:
         text=True,
     ).stdout.strip()
     assert Path(out) == site / "gateway" / "lua"
+
+
+# Distribution name -> the module it installs, where the two differ.
+_IMPORT_NAMES = {"pyjwt": "jwt", "prometheus-client": "prometheus_client"}
+
+
+def test_every_runtime_dependency_is_imported_by_the_package() -> None:
+    """A runtime dependency nothing in gateway/ imports belongs in an extra (e.g. bench)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted: dict[str, str] = {}
+    for requirement in project["dependencies"]:
+        name = re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower()
+        wanted[name] = _IMPORT_NAMES.get(name, name.replace("-", "_"))
+    imported: set[str] = set()
+    for path in (ROOT / "gateway").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    unused = sorted(name for name, module in wanted.items() if module not in imported)
+    assert not unused, f"runtime dependencies gateway/ never imports: {unused}"
+    assert "sse-starlette" not in wanted

@@ -1,4 +1,4 @@
-"""Pure parts of the sessions store: operator-message shaping (PROTOCOL 6, seed 000),
+"""Pure parts of the sessions store: operator-message shaping (docs/protocol.md §6),
 turn-record evolution (`turns.py`) and the `limit`/`parked` validators."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sessions/turns store contract (PROTOCOL 6), run against memory and a real Redis.
+"""The sessions/turns store contract (docs/protocol.md §6), run against memory and a real Redis.
 
 Every test is bounded by `anyio.fail_after`; nothing synchronises by sleeping. Times
 passed as `now` are synthetic and strictly increasing, so ordering is deterministic.

@@ -70,7 +70,7 @@ class StreamBridge(Protocol):
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
     ) -> AsyncIterator[StreamItem]:
-        """Replay from the cursor, then follow live, per the cursor rules (PROTOCOL 2.2)."""
+        """Replay from the cursor, then follow live (cursor rules: docs/protocol.md §2.2)."""
         ...
 
     def subscribe_batches(

@@ -1,7 +1,7 @@
 """The embedded, in-process stream bridge: one asyncio event loop, no external services.
 
 It is the default backend for a single gateway process and the reference the Redis backend
-is tested against, so it follows the same lease, fencing, END and cursor rules (PROTOCOL 2).
+is tested against, so it follows the same lease, fencing, END and cursor rules (docs/protocol.md §2).
 
 Layout. A run record (`_Run`: lease, epoch, status, id clock) owns at most one live
 `_Generation`: the retained log. `cleanup` retires a generation; a later write creates a new
@@ -13,7 +13,7 @@ dead), parallel parsed keys for `bisect` on reconnect, and absolute positions
 Fan-out. Readers wait on the generation's `_Signal`; a publish only schedules one
 wake-up (replace-and-set), so a publish costs the same for 1 or 10,000 subscribers and a
 burst of publishes coalesces into one wake-up, after which each reader takes everything
-new as one slice of the log (`subscribe_batches`). Wake-ups are paced (`_wake_due`) so
+new as one slice of the log (`subscribe_batches`). Wake-ups are paced (`pacing.py`) so
 that readers who cannot keep up never take the loop away from their producer.
 """
 
@@ -58,12 +58,9 @@ from ..values import (
 )
 from . import rules
 from .base import one_by_one
+from .pacing import WakePacer
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
-# Under a steady stream, readers are woken at most this often (seconds) and read in batches.
-WAKE_INTERVAL = 0.0005
-# A wake-up is never put off by more than this for the producer's sake (bounds latency).
-MAX_WAKE_DEFERRAL = 0.5
 # Heartbeat deadlines are kept to this resolution (seconds): a heartbeat may come this
 # much later than the interval, and one timer serves every reader due in the same slot.
 DEADLINE_RESOLUTION = 0.025
@@ -154,15 +151,15 @@ class _Generation:
     end: End | None = None
     retired: bool = False
     changed: _Signal = field(default_factory=lambda: _Signal())
-    wake_scheduled: bool = False
-    # Wake-up pacing, in `time.perf_counter()` seconds (the loop's clock may only advance
-    # once per loop iteration: uvloop's does, in whole milliseconds).
-    last_wake: float = float("-inf")  # the last wake-up
-    readers_parked: float = float("-inf")  # a caught-up reader last went to wait
-    # The two latest appends: their spacing tells a producer that outpaces its readers'
-    # wake-ups from one that publishes now and then.
-    appended: float = float("-inf")
-    appended_before: float = float("-inf")
+    pacer: WakePacer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pacer = WakePacer(self.wake)
+
+    def wake(self) -> None:
+        """Wake every reader waiting on this generation (one signal for all of them)."""
+        signal, self.changed = self.changed, _Signal()
+        signal.fire()
 
     @property
     def total(self) -> int:
@@ -296,7 +293,7 @@ class MemoryStreamBridge:
             gen.keys.append(key)
         run.last_event = run.last_key
         self._evict(gen)
-        self._wake_soon(gen)
+        gen.pacer.appended_now()
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
@@ -346,7 +343,7 @@ class MemoryStreamBridge:
         end_id = format_key(self._next_key(run))
         gen.end = End(status, error, end_id)
         self._settle(run, status, error, end_id, producer_token or "-")
-        self._wake_soon(gen)
+        gen.pacer.appended_now()
         return EndResult(end_id, False, run.session_id)
 
     def _settle(
@@ -490,7 +487,7 @@ class MemoryStreamBridge:
                         yield [gen.end]
                         return
                     waiter = gen.changed
-                    gen.readers_parked = time.perf_counter()
+                    gen.pacer.parked()
                 if not await waiter.wait_until(self._deadlines_of(loop), deadline):
                     yield [HEARTBEAT]
                     deadline = loop.time() + interval
@@ -658,50 +655,6 @@ class MemoryStreamBridge:
             gen.base += gen.head
             gen.head = 0
 
-    def _wake_soon(self, gen: _Generation) -> None:
-        # One scheduled wake-up at a time, whatever the number of publishes or readers.
-        # A publish after a quiet spell wakes readers on the next tick; under a steady
-        # stream they are woken at most every WAKE_INTERVAL and take every event since
-        # in one batch.
-        now = time.perf_counter()
-        gen.appended_before, gen.appended = gen.appended, now
-        if gen.wake_scheduled:
-            return
-        gen.wake_scheduled = True
-        self._wake_at(gen, gen.last_wake + WAKE_INTERVAL, now)
-
-    def _wake_due(self, gen: _Generation) -> None:
-        # A producer that appends again sooner than its readers took to catch up after
-        # the last wake-up (there are many of them, or their writes are slow) would share
-        # the loop with them on every tick and crawl. Then the next wake-up waits until
-        # twice that busy time has passed: the producer keeps about two thirds of the
-        # loop and readers take bigger batches (PROTOCOL 4: a slow reader falls behind
-        # within retention, never stalls writes). A producer that appends now and then
-        # is never delayed, so its events reach readers on the next tick.
-        now = time.perf_counter()
-        busy = gen.readers_parked - gen.last_wake  # nan or inf until both have happened
-        resume = gen.readers_parked + 2 * busy
-        contended = gen.appended - gen.appended_before < busy
-        if 0 < busy < MAX_WAKE_DEFERRAL and contended and resume > now:
-            self._wake_at(gen, resume, now)
-            return
-        gen.wake_scheduled = False
-        gen.last_wake = now
-        self._wake(gen)
-
-    def _wake_at(self, gen: _Generation, when: float, now: float) -> None:
-        """Run `_wake_due` at perf-counter time `when` (next tick if that has passed)."""
-        loop = asyncio.get_running_loop()
-        if when <= now:
-            loop.call_soon(self._wake_due, gen)
-        else:
-            loop.call_later(when - now, self._wake_due, gen)
-
-    @staticmethod
-    def _wake(gen: _Generation) -> None:
-        signal, gen.changed = gen.changed, _Signal()
-        signal.fire()
-
     def _retire(self, run: _Run) -> None:
         gen = run.gen
         if gen is None:
@@ -711,7 +664,7 @@ class MemoryStreamBridge:
         # Clear payloads but keep `total` and `end`: readers decide END vs gap from them.
         gen.base, gen.head = gen.total, 0
         gen.events, gen.keys = [], []
-        self._wake(gen)
+        gen.wake()
 
     def _cleanup_now(self, run_id: str) -> None:
         run = self._runs.get(run_id)

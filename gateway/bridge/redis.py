@@ -58,8 +58,9 @@ from ..values import (
 from . import rules
 from .base import one_by_one
 from .keys import RunKeys, check_prefix, run_keys
-from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, ms, parse_read, text
+from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import Notifier, RunFeed
+from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,12 @@ RedisClient = Redis | RedisCluster
 T = TypeVar("T")
 
 READ_BATCH: Final = 512
+# Notifications carry the appended events up to this size (larger ones make readers
+# read the log), so a gateway following a run delivers without a read per change.
+PUSH_BYTES: Final = 64 * 1024
+# A log may exceed its limit by limit/this many events before it is trimmed (exactly):
+# most publishes then skip the trim's commands. Logs under this many events trim at once.
+TRIM_SLACK_DIVISOR: Final = 64
 CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 # Replies meaning the server refused the command without running it (a cluster in
@@ -192,7 +199,10 @@ class RedisStreamBridge:
         self.notifier_reconnects = 0
         self._notifier = Notifier(
             _notification_client(commands, settings),
-            settings.fanout_window_events,
+            # Never more than retention: whatever a reader takes from the window is
+            # still in the log, so a reader lagging past retention gets its gap here
+            # as on every other gateway (the window keeps up to a quarter more).
+            min(settings.fanout_window_events, max(1, settings.max_events_per_run * 4 // 5)),
             on_reconnect=self._count_notifier_reconnect,
         )
         self._task_group: TaskGroup | None = None
@@ -280,11 +290,11 @@ class RedisStreamBridge:
         seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
         if not math.isfinite(seconds) or seconds <= 0:
             raise InvalidInput("lease_seconds must be a positive number")
-        return ms(min(seconds, self._settings.max_lease_seconds))
+        return ceil_ms(min(seconds, self._settings.max_lease_seconds))
 
     @property
     def _ttl_ms(self) -> int:
-        return ms(self._settings.stream_ttl_seconds)
+        return ceil_ms(self._settings.stream_ttl_seconds)
 
     # -- producer side ----------------------------------------------------------
 
@@ -309,14 +319,14 @@ class RedisStreamBridge:
             session_id or "",
             self._ttl_ms,
         )
-        outcome = text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == "owned":
             raise RunOwned(f"run {run_id} has a live producer lease")
         if outcome == "ended":
-            raise StreamEnded(f"run {run_id} has ended ({text(reply[1])})")
+            raise StreamEnded(f"run {run_id} has ended ({as_text(reply[1])})")
         if outcome == "session":
-            raise SessionMismatch.of(run_id, text(reply[1]) or None)
-        session = text(reply[3]) or None
+            raise SessionMismatch.of(run_id, as_text(reply[1]) or None)
+        session = as_text(reply[3]) or None
         return Claim(
             run_id=run_id,
             session_id=session,
@@ -326,9 +336,9 @@ class RedisStreamBridge:
         )
 
     def _raise_refusal(self, run_id: str, reply: list[Any]) -> None:
-        outcome = text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == "fenced":
-            raise ProducerFenced(f"producer token refused for run {run_id} ({text(reply[1])})")
+            raise ProducerFenced(f"producer token refused for run {run_id} ({as_text(reply[1])})")
         if outcome == "ended":
             raise StreamEnded(f"run {run_id} has ended")
 
@@ -350,10 +360,13 @@ class RedisStreamBridge:
         self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
     ) -> PublishResult:
         keys = self._keys(run_id)
+        limit = self._settings.max_events_per_run
         args: list[bytes | str | int] = [
             producer_token,
-            self._settings.max_events_per_run,
+            limit,
             self._ttl_ms,
+            PUSH_BYTES,
+            limit // TRIM_SLACK_DIVISOR,
         ]
         for name, payload in rules.encode_batch(events):
             args.append(name)
@@ -361,9 +374,9 @@ class RedisStreamBridge:
         reply = await self._script("publish", keys, *args)
         self._raise_refusal(run_id, reply)
         return PublishResult(
-            ids=tuple(text(entry_id) for entry_id in reply[3:]),
+            ids=tuple(as_text(entry_id) for entry_id in reply[3:]),
             cancel_requested=reply[1] == 1,
-            session_id=text(reply[2]) or None,
+            session_id=as_text(reply[2]) or None,
         )
 
     async def publish_end(
@@ -376,7 +389,7 @@ class RedisStreamBridge:
     ) -> EndResult:
         keys = self._keys(run_id)
         check_end_status(status)
-        ended_ttl = ms(self._settings.ended_ttl_seconds)
+        ended_ttl = ceil_ms(self._settings.ended_ttl_seconds)
         reply = await self._script(
             "publish_end",
             keys,
@@ -387,15 +400,15 @@ class RedisStreamBridge:
             ended_ttl,
             max(ended_ttl, self._ttl_ms),
         )
-        if text(reply[0]) == "noop":
+        if as_text(reply[0]) == "noop":
             return EndResult(id=None, deduplicated=False, applied=False)
-        if text(reply[0]) == "recorded":
-            return EndResult(id=None, deduplicated=False, session_id=text(reply[1]) or None)
+        if as_text(reply[0]) == "recorded":
+            return EndResult(id=None, deduplicated=False, session_id=as_text(reply[1]) or None)
         self._raise_refusal(run_id, reply)
         return EndResult(
-            id=text(reply[1]) or None,
+            id=as_text(reply[1]) or None,
             deduplicated=reply[2] == 1,
-            session_id=text(reply[3]) or None,
+            session_id=as_text(reply[3]) or None,
             legacy_scanned=len(reply) > 4 and reply[4] == 1,
         )
 
@@ -410,7 +423,7 @@ class RedisStreamBridge:
             # The log expires then, and the record says when, so that later writes keep
             # that expiry instead of refreshing the TTL (see publish.lua).
             script = self._scripts["cleanup_later"]
-            await self._call(lambda: script(keys=list(keys.both), args=[ms(delay)]))
+            await self._call(lambda: script(keys=list(keys.both), args=[ceil_ms(delay)]))
         else:
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
@@ -437,14 +450,14 @@ class RedisStreamBridge:
         meta_raw, length, head, tail = await self._call(fetch)
         if not meta_raw and not length:
             return None
-        meta = {text(k): text(v) for k, v in meta_raw.items()}
-        entries = [(text(i), flatten(f)) for i, f in tail]
+        meta = {as_text(k): as_text(v) for k, v in meta_raw.items()}
+        entries = [(as_text(i), flatten(f)) for i, f in tail]
         end_entry = None
         if entries and is_end(entries[0][1]):
             end_entry = entry_item(entries[0][0], entries[0][1])
             entries = entries[1:]
         retained = int(length) - (1 if end_entry else 0)
-        first = text(head[0][0]) if head and retained > 0 else None
+        first = as_text(head[0][0]) if head and retained > 0 else None
         status = meta.get("status", "running")
         if end_entry is not None and status == "running":
             status = end_entry.status  # type: ignore[union-attr]
@@ -489,15 +502,15 @@ class RedisStreamBridge:
                 return list(await pipe.execute())
 
         head, tail = await self._call(fetch)
-        events = [text(i) for i, fields in tail if not is_end(flatten(fields))]
-        first = text(head[0][0]) if head and not is_end(flatten(head[0][1])) else None
+        events = [as_text(i) for i, fields in tail if not is_end(flatten(fields))]
+        first = as_text(head[0][0]) if head and not is_end(flatten(head[0][1])) else None
         return first, (events[0] if events else None)
 
     async def _tail(self, keys: RunKeys) -> Entry | None:
         reply: Any = await self._call(lambda: self._redis.xrevrange(keys.log, "+", "-", count=1))
         if not reply:
             return None
-        return entry_item(text(reply[0][0]), flatten(reply[0][1]))
+        return entry_item(as_text(reply[0][0]), flatten(reply[0][1]))
 
     def subscribe(
         self,
@@ -626,7 +639,8 @@ class _Reader:
       delivered), which is what can fall behind the log's floor;
     - `seen_stream` / `seen_record`: the log, or the run record without a log, were
       there once, so their disappearance is a removal, not "not written yet";
-    - `caught_up`: reading from the shared feed's window rather than from Redis.
+    - `caught_up`: its position was checked against the log, so it may take the shared
+      feed's window (when its position is inside it) rather than read Redis.
     """
 
     __slots__ = ("caught_up", "checked", "idle_since", "position", "seen_record", "seen_stream")
@@ -682,7 +696,9 @@ class _Reader:
             end = read.tail_end()
             if end is not None:
                 return [end]  # the cursor is at or past the END entry: the run is over
-            self.caught_up = True
+        # Its position is checked: from now on it takes the shared window whenever its
+        # position is inside it (`from_feed`), and reads Redis again only when behind.
+        self.caught_up = True
         return list(read.entries)
 
     def delivered(self, window: Sequence[StreamItem]) -> bool:

@@ -6,7 +6,6 @@ this; it imports neither.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,18 +15,10 @@ import orjson
 from ..cursor import EventKey, parse_cursor
 from ..values import End, StreamEvent
 from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT
+from .replies import as_text
 from .rules import Bounds, predecessor
 
 Entry = StreamEvent | End
-
-
-def text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def ms(seconds: float) -> int:
-    """Seconds as whole Redis milliseconds, at least 1."""
-    return max(1, math.ceil(seconds * 1000))
 
 
 def is_end(fields: Sequence[bytes]) -> bool:
@@ -49,12 +40,12 @@ def entry_item(entry_id: str, fields: list[bytes]) -> Entry:
         error: Any = None
         if len(fields) >= 4 and fields[2] == FIELD_ERROR:
             error = orjson.loads(fields[3])
-        return End(status=text(fields[1]), error=error, id=entry_id)  # type: ignore[arg-type]
+        return End(status=as_text(fields[1]), error=error, id=entry_id)  # type: ignore[arg-type]
     if len(fields) == 4 and fields[0] == FIELD_EVENT and fields[2] == FIELD_DATA:
         # The layout lua/publish.lua writes: no dict per entry on the replay hot path.
         return StreamEvent(id=entry_id, event=fields[1].decode(), data=fields[3])
     pairs = dict(zip(fields[::2], fields[1::2], strict=False))  # another writer's order
-    return StreamEvent(id=entry_id, event=text(pairs[FIELD_EVENT]), data=pairs[FIELD_DATA])
+    return StreamEvent(id=entry_id, event=as_text(pairs[FIELD_EVENT]), data=pairs[FIELD_DATA])
 
 
 def decode_entries(raw: Sequence[Any]) -> list[Entry]:
@@ -62,7 +53,7 @@ def decode_entries(raw: Sequence[Any]) -> list[Entry]:
     entries after one; readers never see them)."""
     items: list[Entry] = []
     for raw_id, fields in raw:
-        item = entry_item(text(raw_id), flatten(fields))
+        item = entry_item(as_text(raw_id), flatten(fields))
         items.append(item)
         if isinstance(item, End):
             break
@@ -123,15 +114,15 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
             bounds=None,
             entries=[],
             tail=None,
-            status=text(status),
+            status=as_text(status),
             error=orjson.loads(error) if error else None,
-            end_id=text(end) or None,
-            last_event=parse_cursor(text(last)) if last else None,
+            end_id=as_text(end) or None,
+            last_event=parse_cursor(as_text(last)) if last else None,
         )
     bounds = log_bounds(
-        int(length), int(added), text(max_deleted), text(last_generated), text(first)
+        int(length), int(added), as_text(max_deleted), as_text(last_generated), as_text(first)
     )
-    tail_item = entry_item(text(tail[0]), flatten(tail[1])) if tail else None
+    tail_item = entry_item(as_text(tail[0]), flatten(tail[1])) if tail else None
     return LogRead(
         exists=True,
         bounds=bounds,
@@ -142,3 +133,35 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
         end_id=None,
         last_event=None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A change notification that carries what was appended (see lua/publish.lua)."""
+
+    prev: str  # the id of the entry the appended ones follow
+    entries: list[Entry]
+
+
+def decode_push(message: bytes) -> Push | None:
+    """The entries a notification carries; None when it carries none (read the log)."""
+    if not message:
+        return None
+    try:
+        newline = message.index(b"\n")
+        kind, prev, count = message[:newline].split(b" ")
+        pos = newline + 1
+        entries: list[Entry] = []
+        for _ in range(int(count)):
+            newline = message.index(b"\n", pos)
+            entry_id, name, size = message[pos:newline].split(b" ")
+            pos = newline + 1 + int(size)
+            data = message[newline + 1 : pos]
+            if kind == b"e":
+                entries.append(StreamEvent(id=entry_id.decode(), event=name.decode(), data=data))
+            else:
+                error = orjson.loads(data) if data else None
+                entries.append(End(status=name.decode(), error=error, id=entry_id.decode()))  # type: ignore[arg-type]
+    except (ValueError, orjson.JSONDecodeError):
+        return None  # not in this format (another version's writer): read the log
+    return Push(prev=prev.decode(), entries=entries)

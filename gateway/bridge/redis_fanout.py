@@ -38,7 +38,9 @@ from redis.asyncio import Redis
 from ..cursor import EventKey, format_key, parse_cursor
 from ..values import End
 from .keys import RunKeys
-from .redis_codec import Entry, LogRead, text
+from .pacing import WakePacer
+from .redis_codec import Entry, LogRead, decode_push
+from .replies import as_text
 from .rules import missed_events
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class RunFeed:
         self.base = start  # every entry after `base` up to `head` is in `items`
         self.head = start  # the next read starts after this id
         self._base_key = parse_cursor(start)
+        self._head_key = self._base_key
         self._keys_window: list[EventKey] = []
         self.items: list[Entry] = []
         self._window = window
@@ -74,6 +77,7 @@ class RunFeed:
         self._seen = False
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        self._pacer = WakePacer(self.wake, only_when_outpaced=False)
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
         self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
@@ -94,6 +98,7 @@ class RunFeed:
         # cancelled with `Task.cancel()` (http/sse.py), and an anyio cancel scope whose
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
         # that kept reading). `asyncio.timeout` tells its own cancel from a caller's.
+        self._pacer.parked()
         with suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._changed.wait()
@@ -107,6 +112,19 @@ class RunFeed:
         self.changes += 1
         self._reads.clear()  # later readers read afresh
         self.wake()
+
+    def push(self, message: bytes) -> None:
+        """A change notification: take the entries it carries when they follow our copy
+        of the log exactly; otherwise (or if it carries none) read Redis."""
+        pushed = decode_push(message) if not self.stale and not self.missing else None
+        if pushed is None or pushed.prev != self.head:
+            self.mark_stale()
+            return
+        for entry in pushed.entries:
+            self._append(entry)
+        self._reads.clear()
+        self.last_read = time.monotonic()
+        self._pacer.appended_now()  # paced: a burst of notifications, one wake-up
 
     # -- reading Redis ----------------------------------------------------------
 
@@ -182,11 +200,15 @@ class RunFeed:
 
     def _append(self, entry: Entry) -> None:
         assert entry.id is not None
+        key = parse_cursor(entry.id)
+        if key <= self._head_key:
+            return  # pushed while a read was in flight: we have it already
+        self._head_key = key
         if self.items and isinstance(self.items[-1], End):
             self.head = entry.id  # a legacy log's entries after its END: never delivered
             return
         self.items.append(entry)
-        self._keys_window.append(parse_cursor(entry.id))
+        self._keys_window.append(key)
         self.head = entry.id
         excess = len(self.items) - self._window
         if excess > self._window // 4:  # drop in chunks: amortised O(1) per entry
@@ -201,7 +223,7 @@ class RunFeed:
         self.items.clear()
         self._keys_window.clear()
         self.base = self.head = start
-        self._base_key = parse_cursor(start)
+        self._base_key = self._head_key = parse_cursor(start)
 
 
 class Notifier:
@@ -242,9 +264,10 @@ class Notifier:
 
     def watch(self, channel: str) -> AbstractAsyncContextManager[RunFeed]:
         """Follow the notifications of a channel that carries no run log (a session's
-        turn list): a feed nobody reads entries into, shared by every local watcher of
-        `channel`, whose `changes` counts notifications (and reconnects, which may have
-        lost some) and whose `wait` wakes on each."""
+        turn list): a feed nobody reads entries into (so it stays `stale`, and `push`
+        takes every message as a change), shared by every local watcher of `channel`,
+        whose `changes` counts notifications (and reconnects, which may have lost some)
+        and whose `wait` wakes on each."""
         return self.attach(RunKeys(meta=channel, log=channel), "0-0")
 
     async def _subscribe(self, channel: str) -> None:
@@ -299,9 +322,9 @@ class Notifier:
                         await self._subscribe_deferred(pubsub)
                     if message is None:
                         continue
-                    changed = self._feeds.get(text(message["channel"]))
+                    changed = self._feeds.get(as_text(message["channel"]))
                     if changed is not None:
-                        changed.mark_stale()
+                        changed.push(message["data"])
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("change notifications interrupted: %s", exc)
             finally:

@@ -1,4 +1,4 @@
-"""The HTTP/SSE face of the gateway (PROTOCOL sections 3-5): a Starlette application.
+"""The HTTP/SSE face of the gateway (docs/protocol.md §3-5): a Starlette application.
 
 app.py            create_app(settings, bridge=None), lifespan, drain()
 server.py         GatewayServer: uvicorn server that drains SSE on shutdown
@@ -11,7 +11,7 @@ sse.py            the SSE response (lean ASGI streaming)
 frames.py         SSE frame encoding
 errors.py         the one exception → HTTP error boundary
 bodies.py         bounded JSON bodies and input validation
-access.py         the one authorization call site (auth.py does the checking)
+access.py         what each route calls to authorize (auth.py does the checking)
 liveness.py       producer_lost recovery END for expired leases
 subscriptions.py  open-subscription registry and the drain signal
 metrics.py        Prometheus metrics

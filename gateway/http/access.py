@@ -1,4 +1,4 @@
-"""The single call site that authorizes each route (see `gateway.http.auth`).
+"""How routes authorize: each route calls one of these first (`gateway.http.auth` checks).
 
 Producer and operator routes need an API key. Subscriber routes need an API key or a
 subscriber token covering the run, judged against the session the run is *recorded*

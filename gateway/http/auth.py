@@ -1,6 +1,6 @@
 """Who may call what: API keys for producers/operators, scoped JWTs for subscribers.
 
-The model (PROTOCOL section 3, "Auth"):
+The model (docs/protocol.md §3.3):
 
 - **API keys** (`Settings.api_keys`) grant everything: producer, operator and subscriber
   routes. They are presented as `Authorization: Bearer <key>` only; a key in a URL

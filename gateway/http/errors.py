@@ -3,12 +3,16 @@
 Every error body is `{"error": "<code>", "detail": "<human text>"}`. Routes raise the
 gateway's exception tree (`gateway.errors`) or `HttpError` for purely HTTP-level
 problems (invalid JSON, a bad query parameter); the handlers installed by
-`install_error_handlers` pick the status. Nothing that a client can send may turn into
+`install_error_handlers` answer them: a `GatewayError` by its row in `RULES`, an
+`HttpError` with its own status. Nothing that a client can send may turn into
 a 500: unexpected exceptions are still a 500, but only for real bugs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from starlette.applications import Starlette
@@ -31,7 +35,7 @@ from ..errors import (
     StreamEnded,
     Unauthorized,
 )
-from .observe import note_error, note_http_error
+from .observe import ErrorSignal, note_error, note_http_error
 from .responses import json_response
 
 RETRY_AFTER_SECONDS: Final = 1
@@ -59,34 +63,59 @@ def error_response(
     return json_response({"error": code, "detail": detail}, status, headers=headers)
 
 
-def _status_of(exc: GatewayError) -> tuple[int, dict[str, str] | None]:
-    """The status (and extra headers) for one gateway error; most specific class first."""
-    if isinstance(exc, PayloadTooLarge):
-        return 413, None
-    if isinstance(exc, InvalidInput):
-        return 422, None
-    if isinstance(exc, RunNotFound):
-        return 404, None
-    if isinstance(exc, ProducerFenced | RunOwned | StreamEnded | SessionActive | SessionMismatch):
-        return 409, None
-    if isinstance(exc, BackendUnavailable | BridgeClosed):
-        return 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}
-    if isinstance(exc, Unauthorized):
-        return 401, {"WWW-Authenticate": "Bearer"}
-    if isinstance(exc, Forbidden):
-        return 403, None
-    return 500, None
+@dataclass(frozen=True, slots=True)
+class ErrorRule:
+    """How one class of `GatewayError` answers: its status, extra headers, what it counts."""
+
+    status: int
+    headers: Mapping[str, str] | None = None
+    signal: ErrorSignal | None = None  # what the request log and metrics note (observe.py)
+
+
+_RETRY_LATER: Final = MappingProxyType({"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+# The one table from errors to answers. A class without a row answers like its nearest
+# ancestor that has one (`rule_of` walks the MRO, as Starlette picks exception handlers).
+RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
+    {
+        GatewayError: ErrorRule(500),
+        InvalidInput: ErrorRule(422),
+        PayloadTooLarge: ErrorRule(413),
+        RunNotFound: ErrorRule(404),
+        ProducerFenced: ErrorRule(409, signal="fenced_write"),
+        RunOwned: ErrorRule(409),
+        StreamEnded: ErrorRule(409, signal="write_after_end"),
+        RunEndedOnClaim: ErrorRule(409),  # a claim, not a write
+        SessionActive: ErrorRule(409),
+        SessionMismatch: ErrorRule(409),
+        BridgeClosed: ErrorRule(503, _RETRY_LATER),
+        BackendUnavailable: ErrorRule(503, _RETRY_LATER, signal="backend_unavailable"),
+        Unauthorized: ErrorRule(401, MappingProxyType({"WWW-Authenticate": "Bearer"})),
+        Forbidden: ErrorRule(403),
+    }
+)
+
+
+def rule_of(exc: GatewayError) -> ErrorRule:
+    """The row of the most specific class of `exc` that has one."""
+    for cls in type(exc).__mro__:
+        rule = RULES.get(cls)
+        if rule is not None:
+            return rule
+    raise AssertionError("unreachable: GatewayError has a row")
 
 
 def gateway_error_response(exc: GatewayError) -> Response:
-    status, headers = _status_of(exc)
+    rule = rule_of(exc)
     detail = str(exc) or exc.code.replace("_", " ")
-    return error_response(status, exc.code, detail, headers)
+    headers = None if rule.headers is None else dict(rule.headers)
+    return error_response(rule.status, exc.code, detail, headers)
 
 
 async def _on_gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    note_error(request, exc)  # outcome of the request log line, metrics, lifecycle line
+    # outcome of the request log line, metrics, lifecycle line
+    note_error(request, exc, rule_of(exc).signal)
     return gateway_error_response(exc)
 
 

@@ -1,4 +1,4 @@
-"""Encoding of SSE frames (PROTOCOL section 4), as bytes ready for the socket.
+"""Encoding of SSE frames (docs/protocol.md §4), as bytes ready for the socket.
 
 A data event's payload is the compact JSON the bridge encoded once at publish
 (`StreamEvent.data`); it is written as is, never decoded and re-encoded. Only `id:`
@@ -32,8 +32,7 @@ def event_frame(item: StreamEvent) -> bytes:
     """The event's frame, built on first use and kept on the (shared) event."""
     frame = item.wire
     if frame is None:
-        frame = _event_frame(item)
-        object.__setattr__(item, "wire", frame)  # frozen value: a cache, set once
+        frame = item.wire = _event_frame(item)
     return frame
 
 

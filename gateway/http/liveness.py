@@ -1,4 +1,4 @@
-"""Producer liveness (PROTOCOL section 5): runs whose producer vanished get an END.
+"""Producer liveness (docs/protocol.md §5): runs whose producer vanished get an END.
 
 One background task per app (in the lifespan task group) looks, every heartbeat
 interval, at the runs this process has subscribers or waiters on. A run still

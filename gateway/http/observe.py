@@ -31,13 +31,14 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import BackendUnavailable, GatewayError, ProducerFenced, StreamEnded
+from ..errors import GatewayError
+from ..names import is_valid_id
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 RECORD_KEY: Final = "gateway.request"
 REQUEST_ID_HEADER: Final = b"x-request-id"
 _REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
-_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # run and session ids
 
 request_log = logging.getLogger("gateway.http.requests")
 lifecycle_log = logging.getLogger("gateway.lifecycle")
@@ -122,23 +122,30 @@ def _path_param(scope: Scope, name: str) -> str | None:
     value = params.get(name) if isinstance(params, dict) else None
     if not isinstance(value, str):
         return None
-    return value if _ID_RE.fullmatch(value) else "<invalid>"
+    return value if is_valid_id(value) else "<invalid>"
 
 
 # ------------------------------------------------------------------------ error hooks
 
 
-def note_error(request: Request, exc: GatewayError) -> None:
+# What an error handler asks this module to note besides the outcome (the `signal` of the
+# error's row in `gateway.http.errors.RULES`).
+ErrorSignal: TypeAlias = Literal["backend_unavailable", "fenced_write", "write_after_end"]
+
+
+def note_error(request: Request, exc: GatewayError, signal: ErrorSignal | None) -> None:
     """Called by the error handlers: outcome, metrics and lifecycle line of one error."""
     scope = request.scope
     record = record_of(scope)
     if record is not None:
         record.outcome = exc.code
+    if signal is None:
+        return
     state = getattr(request.app.state, "gateway", None)
     metrics: Metrics | None = getattr(state, "metrics", None)
     run_id = _path_param(scope, "run_id")
     request_id = None if record is None else record.request_id
-    if isinstance(exc, BackendUnavailable):
+    if signal == "backend_unavailable":
         kind = route_kind(scope)
         if metrics is not None:
             metrics.unavailable(kind)
@@ -151,12 +158,12 @@ def note_error(request: Request, exc: GatewayError) -> None:
             run_id=run_id,
             request_id=request_id,
         )
-    elif isinstance(exc, ProducerFenced):
+    elif signal == "fenced_write":
         if metrics is not None:
             metrics.fenced_writes.inc()
         lifecycle("fenced_write", "producer write fenced", run_id=run_id, request_id=request_id)
-    elif isinstance(exc, StreamEnded) and exc.code == StreamEnded.code and metrics is not None:
-        metrics.writes_after_end.inc()  # a claim of an ended run (`run_ended`) is not a write
+    elif metrics is not None:  # write_after_end
+        metrics.writes_after_end.inc()
 
 
 def note_http_error(request: Request, code: str) -> None:

@@ -8,10 +8,13 @@ frames are documented in docs/api.md). Keep this in step with the route modules.
 from __future__ import annotations
 
 import copy
-from typing import Any, Final
+from typing import Any, Final, get_args
 
-_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-_END_STATUSES: Final = ["success", "error", "cancelled", "interrupted", "producer_lost"]
+from ..names import ID_PATTERN
+from ..values import EndStatus
+
+_ID_PATTERN: Final = f"^{ID_PATTERN}$"
+_END_STATUSES: Final = list(get_args(EndStatus))
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Session routes (PROTOCOL 6) and the hooks the producer routes call to record turns.
+"""Session routes (docs/protocol.md §6) and the hooks the producer routes call to record turns.
 
     GET    /v1/sessions?limit=50&parked=true     subscriber  {"sessions": [rows]}
     GET    /v1/sessions/{session_id}/turns?limit  subscriber  {"turns": [records]}

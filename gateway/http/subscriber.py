@@ -71,7 +71,7 @@ def sse_response(
     info: RunInfo,
     extra_headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> SSEResponse:
-    """The SSE response for a run the reader may see (PROTOCOL section 4)."""
+    """The SSE response for a run the reader may see (docs/protocol.md §4)."""
     common: dict[str, Any] = {
         "run_id": info.run_id,
         "registry": state.subscriptions,
@@ -130,7 +130,7 @@ async def cancel_run(request: Request) -> Response:
 async def _until_end(state: GatewayState, info: RunInfo) -> RunInfo:
     """Follow the run until END; the refreshed record of the ended run.
 
-    After a gap the record is refreshed (the seed's rule): an ended run whose log is
+    After a gap the record is refreshed: an ended run whose log is
     gone completes; otherwise the wait resumes from the newest retained id.
     """
     bridge = state.bridge

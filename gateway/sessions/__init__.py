@@ -1,4 +1,4 @@
-"""Sessions and turns (PROTOCOL 6): durable turn records beside runs, a bounded session
+"""Sessions and turns (docs/protocol.md §6): durable turn records beside runs, a bounded session
 index, durable retirement. Contract: `base.py`; record evolution: `turns.py`; operator
 message shaping: `shaping.py`; backends: `memory.py`, `redis.py` (keys: `keys.py`)."""
 

@@ -1,4 +1,4 @@
-"""The sessions/turns store contract (PROTOCOL 6), shared by the memory and Redis backends.
+"""The sessions/turns store contract (docs/protocol.md §6), shared by the memory and Redis backends.
 
 Every run claimed with a `session_id` is a turn of that session. The HTTP layer drives
 the store beside the stream bridge:

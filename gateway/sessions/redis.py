@@ -28,7 +28,6 @@ page may then come back short, and the next read continues the cleanup.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -41,6 +40,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
 from ..bridge.redis_fanout import Notifier
+from ..bridge.replies import as_text, ceil_ms
 from ..bridge.scripts import ensure_loaded, lua_source
 from ..errors import BackendUnavailable, SessionActive
 from ..names import check_run_id, check_session_id
@@ -61,17 +61,9 @@ MAX_WINDOWS: Final = 4  # index windows one list_sessions call may read
 _BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
-
-
 def _score(value: bytes | str | float) -> float:
     if isinstance(value, (bytes, str)):
-        return float(_text(value))
+        return float(as_text(value))
     return float(value)
 
 
@@ -106,8 +98,8 @@ class RedisSessionStore:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
         self._notifier = notifier  # the bridge's: session feeds wait on it
-        self._running_ttl_ms = _ms(settings.stream_ttl_seconds)
-        self._ended_ttl_ms = _ms(settings.ended_ttl_seconds)
+        self._running_ttl_ms = ceil_ms(settings.stream_ttl_seconds)
+        self._ended_ttl_ms = ceil_ms(settings.ended_ttl_seconds)
         self._limits = limits
         self._index = index_keys(self._prefix)
         self._scripts: dict[str, AsyncScript] = {
@@ -169,7 +161,7 @@ class RedisSessionStore:
                 [keys.tomb, keys.meta, keys.turns, keys.exp, turn_key],
                 [
                     run_id,
-                    _text(rev) if rev is not None else "0",
+                    as_text(rev) if rev is not None else "0",
                     encode_json(doc),
                     doc["state"],
                     repr(float(doc["created_at"])),
@@ -179,12 +171,12 @@ class RedisSessionStore:
                     keys.feed,
                 ],
             )
-            status = _text(reply[0])
+            status = as_text(reply[0])
             if status == "conflict":
                 continue
             if status == "retired":
                 return False
-            last_updated, last_state = _text(reply[1]), _text(reply[2])
+            last_updated, last_state = as_text(reply[1]), as_text(reply[2])
             await self._script(
                 "session_index",
                 self._index.both,
@@ -239,9 +231,9 @@ class RedisSessionStore:
             keys.lists,
             ["retire" if retire else "clear", repr(when), keys.turn_prefix],
         )
-        if _text(reply[0]) == "active":
+        if as_text(reply[0]) == "active":
             raise SessionActive(
-                f"session {session_id!r} has a running turn ({_text(reply[1])!r}); "
+                f"session {session_id!r} has a running turn ({as_text(reply[1])!r}); "
                 "retry after it ends"
             )
         await self._script(
@@ -250,7 +242,7 @@ class RedisSessionStore:
             ["remove", session_id, "1e308" if retire else repr(when)],
         )
         await self._call(lambda: self._redis.publish(keys.feed, b""))  # wake its feeds
-        return [_text(run_id) for run_id in reply[1:]]
+        return [as_text(run_id) for run_id in reply[1:]]
 
     async def is_retired(self, session_id: str) -> bool:
         tomb = self._keys(session_id).tomb
@@ -271,10 +263,10 @@ class RedisSessionStore:
             entries = await self._window(zset, start, window)
             if not entries:
                 break
-            replies = await self._read_rows([_text(sid) for sid, _ in entries], 0)
+            replies = await self._read_rows([as_text(sid) for sid, _ in entries], 0)
             stale: list[str] = []
             for (raw_sid, score), reply in zip(entries, replies, strict=True):
-                sid = _text(raw_sid)
+                sid = as_text(raw_sid)
                 row = self._row(sid, reply, parked)
                 if row is None:
                     stale += [which, sid, repr(_score(score))]
@@ -321,9 +313,9 @@ class RedisSessionStore:
         limit = parse_limit(limit)
         keys = self._keys(session_id)
         (reply,) = await self._read_rows([session_id], limit)
-        if _text(reply[0]) != "ok":
+        if as_text(reply[0]) != "ok":
             return []
-        run_ids = [_text(r) for r in reply[4:]]
+        run_ids = [as_text(r) for r in reply[4:]]
         if not run_ids:
             return []
 
@@ -366,9 +358,9 @@ class RedisSessionStore:
 
     @staticmethod
     def _row(session_id: str, reply: Any, parked: bool) -> SessionRow | None:
-        if _text(reply[0]) != "ok" or int(reply[3]) == 0:
+        if as_text(reply[0]) != "ok" or int(reply[3]) == 0:
             return None  # retired, or every turn expired / cleared
-        last_updated, last_state = _text(reply[1]), _text(reply[2])
+        last_updated, last_state = as_text(reply[1]), as_text(reply[2])
         if not last_updated:
             return None
         if parked and not T.is_parked(last_state):

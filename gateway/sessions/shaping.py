@@ -1,4 +1,4 @@
-"""The stored operator message: what a turn's `history` opens with (PROTOCOL 6, seed 000).
+"""The stored operator message: what a turn's `history` opens with (docs/protocol.md §6).
 
 `shape_input_message` builds the transcript's view of a claim's `input_message` (an A2A
 message) field by field; nothing the client sent is copied through wholesale, so the

@@ -1,4 +1,4 @@
-"""How a turn record evolves as its run streams (PROTOCOL 6). Pure: no I/O, no clock.
+"""How a turn record evolves as its run streams (docs/protocol.md §6). Pure: no I/O, no clock.
 
 A turn record is a JSON object, the same on both backends:
 
@@ -6,7 +6,7 @@ A turn record is a JSON object, the same on both backends:
      "text", "status", "artifacts", "history", "truncated"}
 
 - `state`: "running", "input-required", "auth-required" (both *parked* on the operator),
-  or the END status ("success", "error", "cancelled", "interrupted", "producer_lost").
+  or the END status (`values.EndStatus`).
 - `text`: the joined answer text. `status`: the last status object as the producer sent
   it (untransformed; null until one is sent). `artifacts`: the artifact objects as sent.
   `history`: opens with the shaped operator message (see `shaping.py`) when there is one,

@@ -22,7 +22,7 @@
  *   GatewayClient.followSession("", sessionId, {onTurn, onEvent, onTurnEnd, onGap, onEnd})
  *                                  // every turn of a session on one connection
  *
- * Wire rules (PROTOCOL 4): data frames carry `id:`; `end`, `gap` and `unavailable`
+ * Wire rules (docs/protocol.md §4): data frames carry `id:`; `end`, `gap` and `unavailable`
  * carry none. The first connection passes the cursor as the `last_event_id` query
  * parameter (EventSource cannot set headers); on its own reconnects the browser sends
  * `Last-Event-ID`, which the gateway prefers over the query parameter.

@@ -1,0 +1,148 @@
+"""What an agent UI produces: one token per POST at a fixed rate, followed over SSE, on the
+Redis bridge; the gateway against the naive Redis design (bench/baselines.py `redis`:
+one plain XADD per POST, one blocking-XREAD connection per follower) in the same run.
+
+For 1 and 100 followers of one run, a producer POSTs one ~30-byte token event at
+`--rate` events/s for `--seconds`, then ENDs. Printed per server:
+- server CPU per event, µs (the server process from /proc: producer route through to
+  every follower's SSE write), and per delivered event;
+- Redis CPU per event, µs (INFO cpu of the private redis-server, before/after);
+- Redis commands per event, in and out of scripts (INFO commandstats: every command's
+  call count, summed, before/after; EVALSHA counts as one, the commands its script runs
+  count too);
+- publish -> receive latency p50 / p99, ms (the producer's timestamp in each payload).
+
+The server is pinned to CPU 0; redis-server, the producer and the followers to CPU 1.
+
+Run: .venv/bin/python bench/token_stream.py [--quick] [--rate 100] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import RedisServer
+from sse_load import (
+    ClientSpec,
+    HttpClient,
+    Proc,
+    SSELoad,
+    baseline_proc,
+    free_port,
+    gateway_proc,
+    percentile,
+    pin,
+    redis_cpu,
+)
+
+SERVER_CPU = {0}
+LOAD_CPU = {1}
+
+
+def command_calls(client: Any) -> int:
+    return sum(int(stats["calls"]) for stats in client.info("commandstats").values())
+
+
+def measure(
+    proc: Proc, redis: Any, followers: int, rate: float, seconds: float
+) -> dict[str, float]:
+    run_id = f"tok-{followers}-{time.monotonic_ns()}"
+    # The run exists before the followers attach (the gateway answers 404 otherwise).
+    load = SSELoad(
+        proc.port,
+        [ClientSpec(f"/v1/runs/{run_id}/stream")] * followers,
+        procs=1 if followers == 1 else 2,
+        cpus=LOAD_CPU,
+    )
+    cpu0, rcpu0, calls0 = proc.cpu(), redis_cpu(redis), command_calls(redis)
+    pending = asyncio.run(_claim_only(proc.port, run_id))
+    load.start()
+    sent = asyncio.run(_produce_claimed(proc.port, rate, seconds, run_id, pending))
+    result = load.wait(60)
+    cpu, rcpu, calls = proc.cpu() - cpu0, redis_cpu(redis) - rcpu0, command_calls(redis) - calls0
+    delivered = max(1, result.events)
+    return {
+        "sent": sent,
+        "delivered": result.events,
+        "server_us_per_event": cpu / sent * 1e6,
+        "server_us_per_delivered": cpu / delivered * 1e6,
+        "redis_us_per_event": rcpu / sent * 1e6,
+        "redis_commands_per_event": calls / sent,
+        "p50_ms": percentile(result.latencies_ms, 50),
+        "p99_ms": percentile(result.latencies_ms, 99),
+    }
+
+
+async def _claim_only(port: int, run_id: str) -> str:
+    http = HttpClient("127.0.0.1", port)
+    status, claim = await http.post_json("/v1/runs", {"run_id": run_id, "lease_seconds": 600})
+    http.close()
+    assert status == 201, (status, claim)
+    token: str = claim["producer_token"]
+    return token
+
+
+async def _produce_claimed(port: int, rate: float, seconds: float, run_id: str, token: str) -> int:
+    http = HttpClient("127.0.0.1", port)
+    headers = {"X-Producer-Token": token}
+    interval = 1 / rate
+    start = time.perf_counter()
+    sent = 0
+    while time.perf_counter() - start < seconds:
+        status, _ = await http.post_json(
+            f"/v1/runs/{run_id}/events",
+            {"event": "token", "data": {"t": time.time(), "text": "tok"}},
+            headers,
+        )
+        assert status == 200, status
+        sent += 1
+        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+    await http.post_json(f"/v1/runs/{run_id}/end", {"status": "success"}, headers)
+    http.close()
+    return sent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 s per case instead of 20")
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--followers", default="1,100")
+    args = parser.parse_args()
+    seconds = 5.0 if args.quick else args.seconds
+    pin(0, LOAD_CPU)
+    with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
+        pin(server.proc.pid, LOAD_CPU)  # type: ignore[union-attr]
+        redis = server.client()
+        print(f"one token per POST at {args.rate:g} ev/s for {seconds:g} s, Redis bridge")
+        header = (
+            f"{'server':<10}{'followers':>10}{'server µs/ev':>14}{'µs/delivered':>14}"
+            f"{'redis µs/ev':>13}{'cmds/ev':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        )
+        print(header)
+        for followers in (int(f) for f in args.followers.split(",")):
+            for name in ("gateway", "naive"):
+                port = free_port()
+                log = Path(tmp) / f"{name}-{followers}.log"
+                if name == "gateway":
+                    proc = gateway_proc(port, SERVER_CPU, log, server.url)
+                else:
+                    proc = baseline_proc("redis", port, SERVER_CPU, log, server.url)
+                with proc:
+                    row = measure(proc, redis, followers, args.rate, seconds)
+                print(
+                    f"{name:<10}{followers:>10}{row['server_us_per_event']:>14.0f}"
+                    f"{row['server_us_per_delivered']:>14.0f}{row['redis_us_per_event']:>13.0f}"
+                    f"{row['redis_commands_per_event']:>9.1f}{row['p50_ms']:>9.2f}"
+                    f"{row['p99_ms']:>9.2f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

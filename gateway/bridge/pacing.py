@@ -1,0 +1,92 @@
+"""Wake-up pacing for the readers of one log (a memory generation, a Redis feed).
+
+A publish only asks for a wake-up; the pacer decides when the readers run. One wake-up is
+scheduled at a time, so a burst of appends coalesces into one, after which each reader
+takes everything new as one batch. A producer that appends now and then is never held
+back: its readers wake on the next tick. Under a steady stream readers wake at most every
+`WAKE_INTERVAL`. And when the producer appends again sooner than its readers took to
+catch up after the last wake-up (many readers, or slow writes), the next wake-up waits
+until twice that busy time has passed: the producer keeps about two thirds of the loop and
+readers take bigger batches (a slow reader falls behind within retention, never stalls
+writes).
+
+Times are `time.perf_counter()` seconds: the loop's clock may only advance once per loop
+iteration (uvloop's does, in whole milliseconds), which would make the busy time read 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Final
+
+# Under a steady stream, readers are woken at most this often (seconds).
+WAKE_INTERVAL: Final = 0.0005
+# A wake-up is never put off by more than this for the producer's sake (bounds latency).
+MAX_WAKE_DEFERRAL: Final = 0.5
+
+
+class WakePacer:
+    """Calls `wake()` (on the running loop) when the readers of one log should run.
+
+    `only_when_outpaced=False` defers after any busy wake-up, whether or not the producer
+    appended again within it: for readers fed by notifications that arrive a network
+    round trip after each append (Redis), where a producer sharing the loop with busy
+    readers can never append within their busy time, so the outpaced test never holds.
+    An append after a quiet spell is still never deferred.
+    """
+
+    __slots__ = (
+        "_only_when_outpaced",
+        "_wake",
+        "appended",
+        "appended_before",
+        "last_wake",
+        "readers_parked",
+        "scheduled",
+    )
+
+    def __init__(self, wake: Callable[[], None], *, only_when_outpaced: bool = True) -> None:
+        self._wake = wake
+        self._only_when_outpaced = only_when_outpaced
+        self.scheduled = False
+        self.last_wake = float("-inf")  # the last wake-up
+        self.readers_parked = float("-inf")  # a caught-up reader last went to wait
+        # The two latest appends: their spacing tells a producer that outpaces its
+        # readers' wake-ups from one that publishes now and then.
+        self.appended = float("-inf")
+        self.appended_before = float("-inf")
+
+    def parked(self) -> None:
+        """A reader has caught up and goes to wait."""
+        self.readers_parked = time.perf_counter()
+
+    def appended_now(self) -> None:
+        """Something was appended: wake the readers soon (once, however many appends)."""
+        now = time.perf_counter()
+        self.appended_before, self.appended = self.appended, now
+        if self.scheduled:
+            return
+        self.scheduled = True
+        self._at(self.last_wake + WAKE_INTERVAL, now)
+
+    def _due(self) -> None:
+        now = time.perf_counter()
+        busy = self.readers_parked - self.last_wake  # nan or inf until both have happened
+        resume = self.readers_parked + 2 * busy
+        contended = not self._only_when_outpaced or self.appended - self.appended_before < busy
+        if 0 < busy < MAX_WAKE_DEFERRAL and contended and resume > now:
+            self._at(resume, now)
+            return
+        self.scheduled = False
+        self.last_wake = now
+        self._wake()
+
+    def _at(self, when: float, now: float) -> None:
+        """Run `_due` at perf-counter time `when` (next tick if that has passed)."""
+        loop = asyncio.get_running_loop()
+        if when <= now:
+            loop.call_soon(self._due)
+        else:
+            loop.call_later(when - now, self._due)

@@ -1,0 +1,135 @@
+"""Settings: one field each, read from `GATEWAY_<NAME>` only, a flag each (offline)."""
+
+from __future__ import annotations
+
+import os
+import typing
+from typing import Any
+
+import click
+import pytest
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from gateway.cli import ConfigError, build_settings, given_settings, serve
+from gateway.settings import Settings
+
+FIELDS = dict(Settings.model_fields)
+
+
+@pytest.fixture(autouse=True)
+def no_gateway_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("GATEWAY_") or name.upper() in {n.upper() for n in FIELDS}:
+            monkeypatch.delenv(name)
+
+
+def sample(name: str, field: FieldInfo) -> tuple[list[str], Any]:
+    """Text values for one setting (env: joined by commas) and the value they give.
+
+    Always valid and never the default, so reading the setting shows.
+    """
+    default = field.get_default()
+    annotation = field.annotation
+    if name == "host":
+        return ["localhost"], "localhost"
+    if name == "jwt_secret":
+        return ["s" * 40], "s" * 40
+    if annotation is bool:
+        return [str(not default).lower()], not default
+    if typing.get_origin(annotation) is typing.Literal:
+        other = next(a for a in typing.get_args(annotation) if a != default)
+        return [other], other
+    if typing.get_origin(annotation) is tuple:
+        return ["a1", "b2"], ("a1", "b2")
+    if annotation in (int, float):
+        return [str(default + 1)], default + 1
+    return ["sample-value"], "sample-value"
+
+
+def flag_args(name: str, field: FieldInfo) -> list[str]:
+    texts, value = sample(name, field)
+    flag = "--" + name.replace("_", "-")
+    if field.annotation is bool:
+        return [flag if value else "--no-" + flag[2:]]
+    return [part for text in texts for part in (flag, text)]
+
+
+def test_every_setting_has_a_description() -> None:
+    assert all(field.description for field in FIELDS.values())
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_each_setting_reads_its_gateway_variable(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts, value = sample(name, FIELDS[name])
+    monkeypatch.setenv(f"GATEWAY_{name.upper()}", ",".join(texts))
+    assert getattr(Settings(), name) == value
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_each_setting_has_a_flag_that_beats_its_variable(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, value = sample(name, FIELDS[name])
+    ctx = serve.make_context("serve", flag_args(name, FIELDS[name]))
+    given = given_settings(ctx)
+    assert list(given) == [name]  # only what the command line gave
+    monkeypatch.setenv(f"GATEWAY_{name.upper()}", "not used")
+    assert getattr(build_settings(given), name) == value
+
+
+def test_serve_help_lists_every_setting_with_its_variable() -> None:
+    help_text = " ".join(serve.get_help(click.Context(serve, info_name="serve")).split())
+    for name in FIELDS:
+        assert "--" + name.replace("_", "-") in help_text
+        assert f"env GATEWAY_{name.upper()}" in help_text.replace("- ", "-")
+
+
+def test_unprefixed_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another program's API_KEYS or STREAM_TTL_SECONDS in the same environment must not
+    # configure the gateway: every field's bare name, set to a value it would accept.
+    for name, field in FIELDS.items():
+        monkeypatch.setenv(name.upper(), ",".join(sample(name, field)[0]))
+    settings = Settings()
+    assert settings.model_dump() == {name: field.get_default() for name, field in FIELDS.items()}
+    assert settings.api_keys == () and settings.stream_ttl_seconds == 86_400
+
+
+def test_an_unknown_gateway_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_API_KEY", "k1")  # not a setting: it is GATEWAY_API_KEYS
+    with pytest.raises(ConfigError, match="unknown settings in the environment: GATEWAY_API_KEY"):
+        build_settings({})
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "gateway.example"])
+def test_serving_policy_holds_for_library_users(host: str) -> None:
+    # create_app(settings) users build Settings themselves: the policy is part of them.
+    with pytest.raises(ValidationError, match="--allow-open-nonloopback"):
+        Settings(host=host)
+    assert Settings(host=host, api_keys=("k1",)).host == host
+    assert Settings(host=host, jwt_secret="s" * 40).host == host
+    assert Settings(host=host, allow_open_nonloopback=True).host == host
+    assert Settings(host="127.0.0.1").host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"api_keys": ("k1", " ")}, "an API key must not be empty"),
+        ({"jwt_secret": "short-secret"}, "at least 32 bytes"),
+    ],
+)
+def test_secrets_are_checked_and_never_echoed(values: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_settings(values)
+    assert needle in str(caught.value)
+    assert "short-secret" not in str(caught.value) and "k1" not in str(caught.value)
+    good = Settings(api_keys=("key-123456",), jwt_secret="s" * 40)
+    assert "key-123456" not in repr(good) and "s" * 40 not in repr(good)
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(ValidationError):
+        Settings().port = 1  # type: ignore[misc]
