@@ -325,6 +325,22 @@ async def test_a_turn_whose_producer_died_is_ended_by_the_liveness_monitor(
         assert frames[2].json() == {"run_id": "s9-r1", "status": "producer_lost"}
 
 
+@pytest.mark.gateway_settings(max_events_per_run=3)
+async def test_a_running_turn_whose_start_was_trimmed_is_a_gap_not_a_partial_turn(
+    client: httpx.AsyncClient,
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        _, ids = await turn(client, "s10", "s10-r1", [str(i) for i in range(10)], end=False)
+        async with open_feed(client, "s10") as feed:
+            opened, gap = await feed.events(2)
+            assert await feed.next() is None
+        assert_turn(opened, "s10-r1")
+        assert (gap.event, gap.id) == ("gap", "s10-r1/gap")
+        assert gap.json()["reason"] == "trimmed"
+        assert gap.json()["requested_event_id"] == "0-0"
+        assert gap.json()["latest_available_event_id"] == ids[-1]
+
+
 async def test_cursor_errors_and_foreign_runs(client: httpx.AsyncClient) -> None:
     with anyio.fail_after(TIMEOUT):
         await turn(client, "other", "o-r1", ["secret"])
