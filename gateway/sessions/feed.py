@@ -218,7 +218,7 @@ async def _follow_turn(
     run_id = turn.run_id
     info = await bridge.get_run(run_id)
     if info is None or info.session_id != session_id:
-        yield (run_id, [_removed(None if turn.position == TURN_START else turn.position)])
+        yield (run_id, [_removed(turn.position)])  # (as the run stream: the cursor asked)
         return
     if info.ended and not info.log_exists:
         # the log is gone; the record knows how the run ended (as on a run stream)
