@@ -293,7 +293,9 @@ def test_allow_open_nonloopback_forces_start(start_server: Callable[..., Server]
 @needs_app
 def test_cors_origin_flags_and_env(start_server: Callable[..., Server]) -> None:
     """`--cors-origins` (repeatable) and `GATEWAY_CORS_ORIGINS` reach the CORS rules."""
-    flagged = start_server("--cors-origins", "http://a.example", "--cors-origins", "http://b.example")
+    flagged = start_server(
+        "--cors-origins", "http://a.example", "--cors-origins", "http://b.example"
+    )
     env = {**clean_env(), "GATEWAY_CORS_ORIGINS": "http://c.example"}
     from_env = start_server(env=env)
     preflight = {"Access-Control-Request-Method": "GET"}

@@ -344,9 +344,11 @@ async def test_heartbeats_pass_through_unbuffered(client: httpx.AsyncClient, kin
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=needs[k]) for k in KINDS])
-def test_shipped_proxy_config_is_valid(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [False, True])
+def test_shipped_proxy_config_is_valid(kind: str, tls: bool, tmp_path: Path) -> None:
     backends = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
-    result = Proxy(kind, backends=backends, directory=tmp_path).check()  # type: ignore[arg-type]
+    proxy = Proxy(kind, backends=backends, directory=tmp_path, tls=tls)  # type: ignore[arg-type]
+    result = proxy.check()
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -10,6 +10,7 @@ Each test starts a real gateway, runs one Node suite against it and asserts it p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -109,3 +110,24 @@ def test_node_reconnecting_clients_resume_exactly_and_stop_after_end_and_gap(
     )
     env = {"GATEWAY_API_KEY": API_KEY, "GATEWAY_MAX_EVENTS": str(MAX_EVENTS)}
     run_node_suite("clients.test.mjs", settings, env, 6)
+
+
+@pytest.mark.timeout(180)
+def test_node_session_feed_suite() -> None:
+    """`session-feed.test.mjs`: npm `eventsource` on the session feed stops reconnecting
+    after the retirement `end` (204), and `followSession` recovers a gap in a turn."""
+    settings = make_settings(
+        "memory",
+        None,
+        "jsfeed:",
+        api_keys=(API_KEY,),
+        jwt_secret=JWT_SECRET,
+        max_events_per_run=MAX_EVENTS,
+    )
+    tokens = {s: mint_subscriber_token(JWT_SECRET, sessions=[s]) for s in ("js-feed", "js-gap")}
+    env = {
+        "GATEWAY_API_KEY": API_KEY,
+        "GATEWAY_MAX_EVENTS": str(MAX_EVENTS),
+        "GATEWAY_SESSION_TOKENS": json.dumps(tokens),
+    }
+    run_node_suite("session-feed.test.mjs", settings, env, 2)

@@ -36,7 +36,16 @@ from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
 from ..sessions.provider import session_store_for
 from ..settings import Settings
-from . import langgraph, operator, ops, producer, sessions_routes, subscriber, ui_stream
+from . import (
+    langgraph,
+    operator,
+    ops,
+    producer,
+    session_feed,
+    sessions_routes,
+    subscriber,
+    ui_stream,
+)
 from .auth import Authenticator
 from .cors import cors_app
 from .errors import handled_error_response, install_error_handlers
@@ -117,6 +126,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         *langgraph.routes,
         *sessions_routes.routes,
         *ui_stream.routes,
+        *session_feed.routes,
         *ops.routes,
         Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
         Route("/", _console, methods=["GET"], include_in_schema=False),

@@ -36,10 +36,12 @@ would block it forever. Clear's check and delete are one atomic step on both bac
 from __future__ import annotations
 
 from collections.abc import Collection
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Protocol, TypedDict, runtime_checkable
 
 from ..errors import InvalidInput
 from ..values import EndStatus
+from .watch import TurnSignal
 
 MAX_LIMIT: Final = 200
 DEFAULT_LIMIT: Final = 50
@@ -139,4 +141,9 @@ class SessionStore(Protocol):
         """The run id of the session's running turn: its newest-created turn, when that
         one has not ended (`running`, or parked on the operator). None otherwise (no
         such session, retired, every turn ended or expired)."""
+        ...
+
+    def watch(self, session_id: str) -> AbstractAsyncContextManager[TurnSignal]:
+        """The session's change signal (a turn created, the session retired or cleared),
+        for the session feed; see `watch.py`."""
         ...
