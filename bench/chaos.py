@@ -1,20 +1,29 @@
 """Chaos run: producers, subscribers, 3 gateways behind haproxy and one Redis (AOF,
 appendfsync always) for a given duration, with faults injected at random (seeded); then
-every subscriber's sequence is checked against the authoritative log.
+every subscriber's sequence is checked against what the producers were acknowledged and
+every run against its log in Redis.
 
 Processes (all real, all started here): one `redis-server --appendonly yes --appendfsync
-always`, three `gateway serve` processes on fixed ports (so a restarted one is the same
-haproxy backend), haproxy from deploy/haproxy.cfg (tests/proxies.py). Everything goes
-through haproxy.
+always`, three `gateway serve` processes (one API key, also the operator's) on fixed
+ports (so a restarted one is the same haproxy backend), haproxy from deploy/haproxy.cfg
+(tests/proxies.py). Everything goes through haproxy except the `/metrics` scrapes.
 
 Workload (an asyncio thread):
 - N producers, each streaming runs of 20-120 `{"seq", "by"}` events (a few ms apart) and
-  ending each run (`success`), then starting the next. A publish answered 502/503/504 or
-  cut mid-request may or may not have been applied: the producer reads the run's
-  `last_event_id` back before re-sending (docs/api.md), so every event is appended once.
-- M subscribers, each following a run (mostly live ones) from the start through haproxy,
-  dropping the connection at random (exponential hold times) and reconnecting with
-  `Last-Event-ID`; sometimes leaving a run for good (its prefix is still checked).
+  ending each run (`success`), then starting the next. Runs are claimed under a session
+  (a new one every 5 runs, and after the producer's session was retired). A publish
+  answered 502/503/504 or cut mid-request may or may not have been applied: the producer
+  reads the run's `last_event_id` back before re-sending (docs/api.md), so every event is
+  appended once. A producer fenced (409) or told 404 because an eviction took its run
+  record abandons that run and starts another (counted).
+- M subscribers, each following a run (mostly live ones) from the start through haproxy.
+  Each connection ends at random: after an exponential hold time (`subscriber_disconnect`)
+  or, as `read_disconnect`, after a random number of frames, after a random number of
+  bytes (mid-frame), or a few ms after the request (before or while the gateway reads
+  Redis); then it reconnects with `Last-Event-ID`. After a `gap` it rejoins as the frame
+  says (`Last-Event-ID = latest_available_event_id`, from the start when that is null).
+  Sometimes a subscriber leaves a run for good (its prefix is still checked).
+- A sampler scrapes every gateway's `gateway_sse_open_subscribers` every 0.25 s.
 
 Faults (the main thread, one at a time, every 1-3 s by default; each kind once per
 round, rounds in a seeded random order):
@@ -26,29 +35,48 @@ round, rounds in a seeded random order):
 - `zombie_producer`: a run is taken over (`takeover: true`, epoch+1); the new owner
   finishes it while the old token keeps writing events, renewing and ENDing: every one of
   those writes must be 409 `fenced` and none may appear in the log;
-- `subscriber_disconnect`: counted as the subscribers drop their connections.
+- `run_delete`: `DELETE /v1/runs/{id}` (operator) of a live run; its producer keeps
+  writing;
+- `session_retire`: `DELETE /v1/sessions/{sid}?retire=true` of a session with a turn in
+  flight (every log of the session is removed); its producer keeps writing;
+- `eviction`: `CONFIG SET maxmemory` below the memory in use with `maxmemory-policy
+  volatile-lru` for 2-4 s (every gateway key has a TTL), then back to 0 / `noeviction`;
+- `pubsub_kill`: `CLIENT KILL TYPE pubsub` (every gateway's notifier connection);
+- `subscriber_disconnect`, `read_disconnect`: counted as the subscribers cut.
 
 After the duration: stop injecting, make sure every process is up, let producers finish
 their runs, make every abandoned run end (`/wait` triggers the gateway's liveness check),
 let subscribers reach their END, then read every run once more from the start. Checks:
-- per run (raw `XRANGE` of the log in Redis): the event ids equal the ids the producer
-  was acknowledged (no loss, no duplicate from re-sends), seqs are 0..n-1, no zombie
-  entry, exactly one END and it is the last entry, with the expected status;
-- per subscription: the ids are the log's prefix with identical payload bytes (no loss,
-  no duplicate, no reorder), ending with the log's END, or an explicit `gap` (counted
-  separately), or a prefix when the subscriber left on purpose; never a hang or a 404.
+- per run: the acknowledged ids are strictly increasing across removals (never repeated,
+  never backwards); against the raw `XRANGE` of its log: the event ids equal the
+  acknowledged ids (no loss, no duplicate from re-sends) with the payloads sent, seqs are
+  0..n-1, no zombie entry, exactly one END, last, with the expected status. For a run
+  whose log was removed (delete, retirement, eviction) the log holds only a suffix of
+  that (or nothing): every event and the END sent after the last removal, none before;
+- per subscription, split at its gaps: each part is a contiguous run of the acknowledged
+  ids, in order, starting right after its cursor (from the first event when it started
+  without one and the run was never removed), with identical payload bytes, ending with
+  the expected END only after the run's last event, or with an explicit `gap` (counted);
+  a silent skip, a repeated id, an END before the last event, a hang or a 404 (unless an
+  eviction may have taken the run) is a violation;
+- open responses: a sample where the gateways hold more open SSE responses than the
+  client had open connections at any moment of the second before is a violation (a
+  response outlived its client by more than 1 s), and once every subscriber is gone the
+  gateways must reach 0 within 1 s.
 
 Prints duration, events published, events verified, faults by kind, gaps, violations;
 exits 1 on any violation (logs are kept then). Ctrl-C stops everything.
 
 Run: .venv/bin/python bench/chaos.py --duration 60 [--seed N] [--producers 4]
-     [--subscribers 8]
+     [--subscribers 8] [--faults run_delete,session_retire,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import itertools
 import random
 import shutil
 import signal
@@ -56,7 +84,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,13 +96,20 @@ import orjson
 
 from tests.proxies import GatewayProcess, Proxy, free_port
 from tests.redis_servers import RedisServer
-from tests.sse_client import iter_frames
+from tests.sse_client import Frame, SSEParser
 
 MAYBE_APPLIED = frozenset({502, 503, 504})  # gateway 503, or haproxy when a backend died
 KEY_PREFIX = "chaos:"
+API_KEY = "chaos-operator-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HEARTBEAT = 0.5
 LEASE = 20.0  # >> any outage injected here: a live producer never loses its lease
 DYING_LEASE = 1.0
+RUNS_PER_SESSION = 5
+OUTLIVE = 1.0  # seconds a response may outlive its client
+SAMPLE_EVERY = 0.25
+OPEN_GAUGE = "gateway_sse_open_subscribers"
+MAX_GAPS = 50  # per follow: more means the gap frames do not lead anywhere
 AOF_ALWAYS = ("--appendonly", "yes", "--appendfsync", "always")
 FAULT_KINDS = (
     "gateway_kill",
@@ -82,35 +117,77 @@ FAULT_KINDS = (
     "redis_outage",
     "producer_dies",
     "zombie_producer",
+    "run_delete",
+    "session_retire",
+    "eviction",
+    "pubsub_kill",
 )
+COUNTED_KINDS = (*FAULT_KINDS, "subscriber_disconnect", "read_disconnect")
+
+Window = list[float]  # [start, end]: a removal may have happened in between (monotonic)
 
 
 class Aborted(Exception):
     pass
 
 
+def key(event_id: str) -> tuple[int, int]:
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq)
+
+
 @dataclass
 class Run:
     run_id: str
     producer: int
+    session_id: str
+    claim_started: float
     ids: list[str] = field(default_factory=list)  # acknowledged (or read back) ids
+    payloads: list[bytes] = field(default_factory=list)  # what each of them carries
+    sent_at: list[float] = field(default_factory=list)  # first attempt of each
+    end_id: str | None = None  # the producer's END, as acknowledged
+    end_sent_at: float | None = None
+    deletes: list[Window] = field(default_factory=list)  # DELETE /v1/runs/{id}
     expected_end: str = "success"
     ended: bool = False  # the producer's END was acknowledged / the run is known ended
     abandoned_at: float | None = None
+    evicted: bool = False  # its producer was fenced after an eviction took the record
     zombie_writes: int = 0  # zombie requests answered 409 fenced
     zombie_unsure: int = 0  # zombie requests answered 502/503/504 or cut
+
+
+@dataclass
+class Segment:
+    """What a follow read from one cursor on, up to a gap (or its end)."""
+
+    start: str | None  # the cursor it began from; None: from the start
+    ids: list[str] = field(default_factory=list)
+    data: list[bytes] = field(default_factory=list)
+    terminal: str | None = None  # "end" | "gap"
+    terminal_data: dict[str, Any] | None = None
 
 
 @dataclass
 class Follow:
     run_id: str
     who: str
-    ids: list[str] = field(default_factory=list)
-    data: list[bytes] = field(default_factory=list)
-    terminal: str | None = None  # "end" | "gap"
-    terminal_data: dict[str, Any] | None = None
-    outcome: str = "open"  # "terminal" | "left" | "unfinished" | "http <code>"
+    segments: list[Segment] = field(default_factory=list)
+    outcome: str = "open"  # "terminal" | "left" | "unfinished" | "gap loop" | "http <code>"
     connections: int = 0
+
+    @property
+    def ids(self) -> list[str]:
+        return [i for s in self.segments for i in s.ids]
+
+
+@dataclass
+class Cut:
+    """How one subscriber connection ends unless the stream ends first."""
+
+    seconds: float
+    frames: int | None = None
+    bytes: int | None = None
+    early: bool = False  # a few ms after the request
 
 
 class Violations:
@@ -127,8 +204,15 @@ class Violations:
 class Workload:
     """Producers and subscribers on one asyncio loop (run in a worker thread)."""
 
-    def __init__(self, base_url: str, args: argparse.Namespace, violations: Violations) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        gateway_urls: list[str],
+        args: argparse.Namespace,
+        violations: Violations,
+    ) -> None:
         self.base_url = base_url
+        self.gateway_urls = gateway_urls
         self.args = args
         self.seed = args.seed
         self.violations = violations
@@ -142,6 +226,18 @@ class Workload:
         self.die_requests: set[int] = set()
         self.zombie_requests: set[int] = set()
         self.current: dict[int, Run] = {}  # producer index -> the run it is streaming
+        self.gone: set[str] = set()  # runs that answered 404 (an eviction took them)
+        self.sessions: dict[int, int] = {}  # producer index -> its session generation
+        self.retired: list[tuple[str, Window]] = []  # session id, when it was retired
+        self.evictions: list[Window] = []  # when Redis may have evicted (end inf: now)
+        # Client-side SSE connections (opened before the request, closed after the
+        # socket is), and their history for the open-response check.
+        self.sse_open = 0
+        self.sse_history: deque[tuple[float, int]] = deque([(0.0, 0)])
+        self.last_close = 0.0
+        self.samples = 0
+        self.t0 = time.monotonic()  # the main thread's clock origin, for messages
+        self.sample_max = 0
         self.started = threading.Event()
         self.settled = threading.Event()
         self.error: BaseException | None = None
@@ -159,7 +255,9 @@ class Workload:
     def _client(self, keepalive: bool = True) -> httpx.AsyncClient:
         limits = httpx.Limits() if keepalive else httpx.Limits(max_keepalive_connections=0)
         timeout = httpx.Timeout(10.0, read=30.0)
-        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits)
+        return httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, limits=limits, headers=AUTH
+        )
 
     def thread_main(self) -> None:
         try:
@@ -171,36 +269,51 @@ class Workload:
             self.settled.set()
 
     async def main(self) -> None:
-        async with anyio.create_task_group() as subscribers:
-            for i in range(self.args.subscribers):
-                subscribers.start_soon(self.subscriber, i)
-            async with anyio.create_task_group() as producers:
-                for i in range(self.args.producers):
-                    producers.start_soon(self.producer, i)
-                self.started.set()
-            # stop_producing was set and the producers finished their last runs.
-            await self.end_abandoned_runs()
-            self.stop_following = True  # every run has ended: each follow gets its END
-            with anyio.move_on_after(60) as scope:
-                while self.subscribers_running:  # noqa: ASYNC110 (a counter, polled)
-                    await anyio.sleep(0.1)
-            if scope.cancelled_caught:
-                self.follow_abort = True  # the stragglers become "unfinished" violations
-        await self.final_replay()
+        async with anyio.create_task_group() as sampler:
+            sampler.start_soon(self.sample_open_responses)
+            async with anyio.create_task_group() as subscribers:
+                for i in range(self.args.subscribers):
+                    subscribers.start_soon(self.subscriber, i)
+                async with anyio.create_task_group() as producers:
+                    for i in range(self.args.producers):
+                        producers.start_soon(self.producer, i)
+                    self.started.set()
+                # stop_producing was set and the producers finished their last runs.
+                await self.end_abandoned_runs()
+                self.stop_following = True  # every run has ended: each follow gets its END
+                with anyio.move_on_after(60) as scope:
+                    while self.subscribers_running:  # noqa: ASYNC110 (a counter, polled)
+                        await anyio.sleep(0.1)
+                if scope.cancelled_caught:
+                    self.follow_abort = True  # the stragglers become "unfinished" violations
+            await self.final_replay()
+            sampler.cancel_scope.cancel()
+        await self.all_closed()
 
     stop_following = False
     follow_abort = False
     subscribers_running = 0
 
+    def eviction_touched(self, run: Run) -> bool:
+        """Whether an eviction may have taken `run`'s keys: one that began by now and
+        had not ended before the run was claimed."""
+        now = time.monotonic()
+        return any(start <= now and end >= run.claim_started for start, end in self.evictions)
+
     # ------------------------------------------------------------------ producers
+    def session_of(self, index: int, number: int) -> str:
+        return f"chaos-{self.seed}-p{index}-s{number // RUNS_PER_SESSION}-{self.sessions[index]}"
+
     async def producer(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
+        self.sessions[index] = 0
         async with self._client() as client:
             number = 0
             while not self.stop_producing:
-                run = Run(f"chaos-{self.seed}-p{index}-{number}", index)
+                session = self.session_of(index, number)
+                run = Run(f"chaos-{self.seed}-p{index}-{number}", index, session, time.monotonic())
                 number += 1
-                token = await self._claim(client, run.run_id)
+                token = await self._claim(client, run.run_id, session)
                 self.runs.append(run)
                 self.current[index] = run
                 await self._stream_run(client, rng, run, token, index)
@@ -221,21 +334,28 @@ class Workload:
                 if index in self.zombie_requests and run.ids:
                     self.zombie_requests.discard(index)
                     old = token
-                    token = await self._claim(client, run.run_id, takeover=True)
+                    token = await self._claim(client, run.run_id, run.session_id, takeover=True)
                     self.faults["zombie_producer"] += 1
                     zombies.start_soon(self._zombie, run, old, rng.randint(3, 10))
                 if not await self._publish(client, run, seq, token):
-                    return  # lost its lease: reported as a violation
+                    return  # lost its lease (a violation) or its record (eviction)
                 seq += 1
                 await self._sleep(rng.uniform(0.005, 0.03))
             await self._end(client, run, token)
 
-    async def _claim(self, client: httpx.AsyncClient, run_id: str, takeover: bool = False) -> str:
+    async def _claim(
+        self, client: httpx.AsyncClient, run_id: str, session_id: str, takeover: bool = False
+    ) -> str:
         """Claim (or take over) `run_id`. A claim answered 5xx may have been applied: the
         retry takes the lease over (our own lease, or the one it just created)."""
         backoff = 0.05
         while True:
-            body = {"run_id": run_id, "lease_seconds": LEASE, "takeover": takeover}
+            body = {
+                "run_id": run_id,
+                "session_id": session_id,
+                "lease_seconds": LEASE,
+                "takeover": takeover,
+            }
             with contextlib.suppress(httpx.TransportError):
                 response = await client.post("/v1/runs", json=body)
                 if response.status_code == 201:
@@ -248,22 +368,51 @@ class Workload:
             await self._sleep(backoff)
             backoff = min(backoff * 2, 0.5)
 
-    async def _last_event_id(self, client: httpx.AsyncClient, run_id: str) -> str | None:
+    async def _last_event_id(self, client: httpx.AsyncClient, run: Run) -> tuple[bool, str | None]:
+        """(found, last_event_id) of the run's record; found is False on a 404."""
         while True:
             with contextlib.suppress(httpx.TransportError):
-                response = await client.get(f"/v1/runs/{run_id}")
+                response = await client.get(f"/v1/runs/{run.run_id}")
                 if response.status_code == 200:
                     last: str | None = response.json()["last_event_id"]
-                    return last
+                    return True, last
+                if response.status_code == 404 and self.eviction_touched(run):
+                    return False, None
                 if response.status_code not in MAYBE_APPLIED:
-                    raise RuntimeError(f"read {run_id}: {response.status_code} {response.text}")
+                    raise RuntimeError(f"read {run.run_id}: {response.status_code} {response.text}")
             await self._sleep(0.1)
+
+    def _lost_to_eviction(self, run: Run, response: httpx.Response | None) -> bool:
+        """A 409 fenced or a 404 after an eviction may have taken the record: the
+        producer abandons the run (counted), not a violation."""
+        if response is not None and response.status_code == 409:
+            if response.json().get("error") != "fenced":
+                return False
+        elif response is not None and response.status_code != 404:
+            return False
+        if not self.eviction_touched(run):
+            return False
+        run.evicted = True
+        run.expected_end = "producer_lost"  # if a log survives, a gateway may end it
+        run.abandoned_at = time.monotonic()
+        self.stats["runs_lost_to_eviction"] += 1
+        return True
 
     async def _publish(self, client: httpx.AsyncClient, run: Run, seq: int, token: str) -> bool:
         """Append `{"seq": seq}` exactly once (idempotent accounting across 5xx)."""
-        body = {"event": "token", "data": {"seq": seq, "by": f"p{run.producer}"}}
+        data = {"seq": seq, "by": f"p{run.producer}"}
+        body = {"event": "token", "data": data}
         headers = {"X-Producer-Token": token}
+        sent_at = time.monotonic()
         backoff = 0.05
+
+        def applied(event_id: str) -> bool:
+            run.ids.append(event_id)
+            run.payloads.append(orjson.dumps(data))
+            run.sent_at.append(sent_at)
+            self.stats["events_published"] += 1
+            return True
+
         while True:
             response: httpx.Response | None = None
             with contextlib.suppress(httpx.TransportError):
@@ -271,10 +420,10 @@ class Workload:
                     f"/v1/runs/{run.run_id}/events", json=body, headers=headers
                 )
             if response is not None and response.status_code == 200:
-                run.ids.append(response.json()["ids"][0])
-                self.stats["events_published"] += 1
-                return True
+                return applied(response.json()["ids"][0])
             if response is not None and response.status_code not in MAYBE_APPLIED:
+                if self._lost_to_eviction(run, response):
+                    return False
                 self.violations.add(
                     f"run {run.run_id}: live producer's publish of seq {seq} refused: "
                     f"{response.status_code} {response.text}"
@@ -285,15 +434,17 @@ class Workload:
             self.stats["publish_retries"] += 1
             await self._sleep(backoff)
             backoff = min(backoff * 2, 0.5)
-            last = await self._last_event_id(client, run.run_id)
+            found, last = await self._last_event_id(client, run)
+            if not found:
+                self._lost_to_eviction(run, None)
+                return False
             known = run.ids[-1] if run.ids else None
-            if last is not None and last != known:
-                run.ids.append(last)  # the failed request had been applied
-                self.stats["events_published"] += 1
+            if last is not None and last != known and (known is None or key(last) > key(known)):
                 self.stats["applied_despite_5xx"] += 1
-                return True
+                return applied(last)  # the failed request had been applied
 
     async def _end(self, client: httpx.AsyncClient, run: Run, token: str) -> None:
+        run.end_sent_at = time.monotonic()
         while True:  # END is idempotent: re-sending it is safe
             with contextlib.suppress(httpx.TransportError):
                 response = await client.post(
@@ -302,9 +453,13 @@ class Workload:
                     headers={"X-Producer-Token": token},
                 )
                 if response.status_code == 200:
+                    run.end_id = response.json()["id"]
                     run.ended = True
                     return
                 if response.status_code not in MAYBE_APPLIED:
+                    if self._lost_to_eviction(run, response):
+                        run.end_sent_at = None
+                        return
                     self.violations.add(
                         f"run {run.run_id}: END refused: {response.status_code} {response.text}"
                     )
@@ -352,6 +507,8 @@ class Workload:
                 elif response.status_code == 409 and response.json()["error"] == "fenced":
                     run.zombie_writes += 1
                     self.stats["zombie_writes_fenced"] += 1
+                elif response.status_code == 404 and self.eviction_touched(run):
+                    run.zombie_unsure += 1  # the record is gone: nothing to fence against
                 else:
                     self.violations.add(
                         f"run {run.run_id}: zombie write {path} not fenced: "
@@ -361,7 +518,8 @@ class Workload:
 
     async def end_abandoned_runs(self) -> None:
         """Every run a producer abandoned must get its producer_lost END: `/wait` makes a
-        gateway watch it (liveness check once per heartbeat)."""
+        gateway watch it (liveness check once per heartbeat). A run an eviction took
+        entirely answers 404."""
         pending = [r for r in self.runs if not r.ended]
 
         async def wait_end(run: Run) -> None:
@@ -372,7 +530,9 @@ class Workload:
                         response = await client.get(
                             f"/v1/runs/{run.run_id}/wait", params={"timeout": 5}
                         )
-                        if response.status_code == 200:
+                        if response.status_code == 200 or (
+                            response.status_code == 404 and self.eviction_touched(run)
+                        ):
                             run.ended = True
                             return
                     await self._sleep(0.1)
@@ -390,11 +550,14 @@ class Workload:
         live = [
             r
             for r in self.runs[-4 * self.args.producers :]
-            if not r.ended and (r.abandoned_at is None or now - r.abandoned_at < 5)
+            if not r.ended
+            and not r.evicted
+            and (r.abandoned_at is None or now - r.abandoned_at < 5)
         ]
         if live and rng.random() < 0.8:
             return rng.choice(live)
-        return rng.choice(self.runs)
+        run = rng.choice(self.runs)
+        return None if run.run_id in self.gone else run
 
     async def subscriber(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + 500 + index)
@@ -417,6 +580,40 @@ class Workload:
                 await self.follow(client, rng, follow, leave_after)
                 await self._sleep(rng.uniform(0.0, 0.2))
 
+    def _cut(self, rng: random.Random, hold_mean: float) -> Cut:
+        """A hold time (exponential) and, for half of the connections, an earlier cut:
+        after 0-40 frames (mid-replay, mid-stream), after 0-6000 bytes (mid-frame), or
+        0-50 ms after the request (while the gateway reads Redis)."""
+        if not hold_mean:
+            return Cut(float("inf"))
+        hold = rng.expovariate(1 / hold_mean)
+        r = rng.random()
+        if r < 0.5:
+            return Cut(hold)
+        if r < 0.7:
+            return Cut(hold, frames=rng.randint(0, 40))
+        if r < 0.85:
+            return Cut(hold, bytes=rng.randint(0, 6000))
+        return Cut(rng.uniform(0.0, 0.05), early=True)
+
+    def _sse_count(self, delta: int) -> None:
+        now = time.monotonic()
+        self.sse_open += delta
+        self.sse_history.append((now, self.sse_open))
+        if delta < 0:
+            self.last_close = now
+        while len(self.sse_history) > 2 and self.sse_history[1][0] < now - 10:
+            self.sse_history.popleft()
+
+    def _clients_open_since(self, since: float) -> int:
+        """The most client connections open at any moment from `since` until now."""
+        most = 0
+        for at, count in reversed(self.sse_history):
+            most = max(most, count)
+            if at <= since:
+                break
+        return most
+
     async def follow(
         self,
         client: httpx.AsyncClient,
@@ -425,11 +622,14 @@ class Workload:
         leave_after: float | None,
         hold_mean: float | None = None,
     ) -> None:
-        """Follow to END/gap, reconnecting with Last-Event-ID after a drop, a clean end
-        without END (drain), an `unavailable` frame, a 5xx, or a voluntary disconnect."""
+        """Follow to END, reconnecting with Last-Event-ID after a drop, a cut, a clean
+        end without END (drain), an `unavailable` frame or a 5xx; after a gap, rejoin at
+        the gap's latest available id (from the start when it has none)."""
         hold_mean = self.args.hold if hold_mean is None else hold_mean
         started = time.monotonic()
         path = f"/v1/runs/{follow.run_id}/stream"
+        segment = Segment(None)
+        follow.segments.append(segment)
         while True:
             if self.abort or self.follow_abort:
                 follow.outcome = "unfinished"
@@ -437,10 +637,14 @@ class Workload:
             if leave_after is not None and time.monotonic() - started > leave_after:
                 follow.outcome = "left"
                 return
-            headers = {"Last-Event-ID": follow.ids[-1]} if follow.ids else {}
+            cursor = segment.ids[-1] if segment.ids else segment.start
+            headers = {"Last-Event-ID": cursor} if cursor else {}
             retry_ms = 1000
-            hold = rng.expovariate(1 / hold_mean) if hold_mean else float("inf")
-            with anyio.move_on_after(hold) as scope:
+            cut = self._cut(rng, hold_mean)
+            cut_early = False  # a frame or byte budget ran out
+            gap: Frame | None = None
+            with anyio.move_on_after(cut.seconds) as scope:
+                self._sse_count(+1)
                 try:
                     async with client.stream("GET", path, headers=headers) as response:
                         if response.status_code >= 500:
@@ -448,29 +652,60 @@ class Workload:
                             await response.aread()
                         elif response.status_code != 200:
                             follow.outcome = f"http {response.status_code}"
+                            if response.status_code == 404:
+                                self.gone.add(follow.run_id)  # picked again only if live
                             return
                         else:
                             follow.connections += 1
-                            async for frame in iter_frames(response):
-                                if self.abort or self.follow_abort:
-                                    follow.outcome = "unfinished"
-                                    return
-                                if frame.retry is not None:
-                                    retry_ms = frame.retry
-                                if frame.id is not None:
-                                    follow.ids.append(frame.id)
-                                    follow.data.append(frame.data)
-                                elif frame.event in ("end", "gap"):
-                                    follow.terminal = frame.event
-                                    follow.terminal_data = frame.json()
-                                    follow.outcome = "terminal"
-                                    return
-                                elif frame.event == "unavailable":
-                                    self.stats["sse_unavailable_frames"] += 1
-                            self.stats["sse_clean_ends_without_end"] += 1  # drain
+                            parser, frames, received = SSEParser(), 0, 0
+                            async for chunk in response.aiter_raw():
+                                if cut.bytes is not None and received + len(chunk) >= cut.bytes:
+                                    chunk, cut_early = chunk[: cut.bytes - received], True
+                                received += len(chunk)
+                                for frame in parser.feed(chunk):
+                                    if self.abort or self.follow_abort:
+                                        follow.outcome = "unfinished"
+                                        return
+                                    frames += 1
+                                    if frame.retry is not None:
+                                        retry_ms = frame.retry
+                                    if frame.data_id is not None:
+                                        segment.ids.append(frame.data_id)
+                                        segment.data.append(frame.data)
+                                    elif frame.event == "end":
+                                        segment.terminal = "end"
+                                        segment.terminal_data = frame.json()
+                                        follow.outcome = "terminal"
+                                        return
+                                    elif frame.event == "gap":
+                                        gap = frame
+                                        break
+                                    elif frame.event == "unavailable":
+                                        self.stats["sse_unavailable_frames"] += 1
+                                    if cut.frames is not None and frames >= cut.frames:
+                                        cut_early = True
+                                        break
+                                if cut_early or gap is not None:
+                                    break
+                            else:
+                                self.stats["sse_clean_ends_without_end"] += 1  # drain
                 except httpx.TransportError:
                     self.stats["sse_drops"] += 1
-            if scope.cancelled_caught:
+                finally:
+                    self._sse_count(-1)
+            if gap is not None:
+                segment.terminal, segment.terminal_data = "gap", gap.json()
+                self.stats["gaps_seen"] += 1
+                if len(follow.segments) > MAX_GAPS:
+                    follow.outcome = "gap loop"
+                    return
+                latest = (segment.terminal_data or {}).get("latest_available_event_id")
+                segment = Segment(latest if isinstance(latest, str) else None)
+                follow.segments.append(segment)
+                continue  # after reloading durable state, at once
+            if cut_early or (scope.cancelled_caught and cut.early):
+                self.faults["read_disconnect"] += 1
+            elif scope.cancelled_caught:
                 self.faults["subscriber_disconnect"] += 1
             # Honour the jittered retry hint, scaled down (1-3 s -> 0.1-0.3 s).
             await anyio.sleep(min(retry_ms, 3000) / 10_000)
@@ -493,73 +728,219 @@ class Workload:
             for run in self.runs:
                 tg.start_soon(one, run)
 
+    # ------------------------------------------------------------ open responses
+    async def _gateways_open(self, client: httpx.AsyncClient) -> list[int]:
+        """Each gateway's open SSE responses (a gateway that does not answer counts 0: a
+        dead one holds none, and a partial sum is still a lower bound)."""
+        counts = [0] * len(self.gateway_urls)
+
+        async def one(n: int, url: str) -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                text = (await client.get(url + "/metrics", timeout=2)).text
+                for line in text.splitlines():
+                    if line.startswith(OPEN_GAUGE + " "):
+                        counts[n] = int(float(line.rsplit(" ", 1)[1]))
+
+        async with anyio.create_task_group() as tg:
+            for n, url in enumerate(self.gateway_urls):
+                tg.start_soon(one, n, url)
+        return counts
+
+    async def sample_open_responses(self) -> None:
+        """Every SAMPLE_EVERY: the gateways may hold no more SSE responses than the
+        client had connections open at some moment of the OUTLIVE seconds before."""
+        async with httpx.AsyncClient(headers=AUTH) as client:
+            while True:
+                await anyio.sleep(SAMPLE_EVERY)
+                before = time.monotonic()
+                counts = await self._gateways_open(client)
+                held = sum(counts)
+                clients = self._clients_open_since(before - OUTLIVE)
+                self.samples += 1
+                self.sample_max = max(self.sample_max, held)
+                if held > clients:
+                    self.violations.add(
+                        f"{held} SSE responses open on the gateways {counts}, but at most "
+                        f"{clients} client connections in the {OUTLIVE:g} s before "
+                        f"(t={before - self.t0:.1f}s)"
+                    )
+
+    async def all_closed(self) -> None:
+        """Every subscriber is gone: the gateways must hold 0 responses within OUTLIVE."""
+        async with httpx.AsyncClient(headers=AUTH) as client:
+            while True:
+                counts = await self._gateways_open(client)
+                held = sum(counts)
+                if held == 0:
+                    return
+                if time.monotonic() > self.last_close + OUTLIVE:
+                    self.violations.add(
+                        f"{held} SSE responses still open {OUTLIVE:g} s after the last "
+                        f"subscriber disconnected {counts}"
+                    )
+                    return
+                await anyio.sleep(0.05)
+
 
 # ------------------------------------------------------------------------ verification
 
 
-def verify(redis: RedisServer, workload: Workload, violations: Violations) -> tuple[int, int]:
-    """Returns (events verified, gaps)."""
+def removed_until(run: Run, workload: Workload) -> float | None:
+    """The end of the last removal that may have taken this run's log (None: never)."""
+    windows = [*run.deletes, *workload.evictions]
+    windows += [w for session, w in workload.retired if session == run.session_id]
+    ends = [end for start, end in windows if end >= run.claim_started]
+    return max(ends) if ends else None
+
+
+def verify_run(
+    run: Run,
+    log: list[tuple[str, dict[bytes, bytes]]],
+    until: float | None,
+    violations: Violations,
+) -> None:
+    rid = run.run_id
+    keys = [key(i) for i in run.ids]
+    if any(a >= b for a, b in itertools.pairwise(keys)):
+        violations.add(f"run {rid}: acknowledged ids repeat or go backwards")
+    if run.end_id is not None and keys and key(run.end_id) <= keys[-1]:
+        violations.add(f"run {rid}: END id {run.end_id} not above the last event")
+    events = [(i, f[b"d"]) for i, f in log if b"e" in f]
+    ends = [(n, f[b"end"].decode()) for n, (_, f) in enumerate(log) if b"end" in f]
+    allowed_ends = {run.expected_end, "success"} if run.evicted else {run.expected_end}
+    if len(ends) > 1 or (until is None and len(ends) != 1):
+        violations.add(f"run {rid}: {len(ends)} END entries in the log")
+    elif ends and ends[0][0] != len(log) - 1:
+        violations.add(f"run {rid}: END is not the last log entry")
+    elif ends and ends[0][1] not in allowed_ends:
+        violations.add(f"run {rid}: END {ends[0][1]!r}, expected {run.expected_end!r}")
+    elif not ends and until is not None and (run.end_sent_at or 0) > until:
+        violations.add(f"run {rid}: no END in the log, though it was written after the removal")
+    payloads = [orjson.loads(d) for _, d in events]
+    if any(p.get("by") == "zombie" for p in payloads):
+        violations.add(f"run {rid}: a zombie write is in the log")
+    skipped = len(run.ids) - len(events)  # removed with an earlier log
+    if until is None and skipped:
+        violations.add(
+            f"run {rid}: log ids differ from the acknowledged ids "
+            f"(log {len(events)}, acknowledged {len(run.ids)})"
+        )
+    elif skipped < 0 or [i for i, _ in events] != run.ids[skipped:]:
+        violations.add(
+            f"run {rid}: the log is not the acknowledged ids "
+            f"{'' if until is None else '(or a suffix of them) '}"
+            f"(log {len(events)}, acknowledged {len(run.ids)})"
+        )
+    elif [d for _, d in events] != run.payloads[skipped:]:
+        violations.add(f"run {rid}: log payloads differ from what was sent")
+    elif [p.get("seq") for p in payloads] != list(range(skipped, len(run.ids))):
+        violations.add(f"run {rid}: log seqs are not consecutive (loss or duplicate)")
+    elif until is not None and skipped > bisect.bisect_right(run.sent_at, until):
+        violations.add(
+            f"run {rid}: the log lacks {skipped - bisect.bisect_right(run.sent_at, until)} "
+            "events written after its last removal"
+        )
+
+
+def describe(f: Follow, index: dict[str, int]) -> str:
+    """A follow's parts, for a violation's report: cursor, the acknowledged positions
+    of what it read, and how each part ended."""
+    parts = []
+    for n, s in enumerate(f.segments):
+        got = [index.get(i, -1) for i in s.ids]
+        span = f"#{got[0]}..#{got[-1]} ({len(got)})" if got else "nothing"
+        contiguous = "" if got == list(range(got[0], got[0] + len(got))) else " not contiguous"
+        parts.append(
+            f"part {n} from {s.start}: {span}{contiguous}, then {s.terminal} {s.terminal_data}"
+        )
+    return f"{f.connections} connections; " + "; ".join(parts)
+
+
+def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) -> int:
+    """Checks one subscription against the run's acknowledged ids; returns the events
+    verified (or -1 after a violation)."""
+    where = f"follow {f.who} of {f.run_id}"
+    ids = f.ids
+    keys = [key(i) for i in run.ids]
+    index = {i: n for n, i in enumerate(run.ids)}
+    if len(set(ids)) != len(ids) or any(key(a) >= key(b) for a, b in itertools.pairwise(ids)):
+        repeated = [i for i in sorted(set(ids)) if ids.count(i) > 1]
+        what = f"a repeated id {repeated[0]}" if repeated else "ids that go backwards"
+        violations.add(f"{where}: {what}; {describe(f, index)}")
+        return -1
+    for part, segment in enumerate(f.segments):
+        position = segment.start
+        for event_id, data in zip(segment.ids, segment.data, strict=True):
+            if position is None and exposed:
+                expected = index.get(event_id, -1)  # from the start of whatever log is left
+            else:
+                expected = 0 if position is None else bisect.bisect_right(keys, key(position))
+            if expected < 0 or expected >= len(run.ids) or run.ids[expected] != event_id:
+                got = index.get(event_id, "not acknowledged")
+                violations.add(
+                    f"{where}: silent skip in part {part} (cursor {segment.start}): after "
+                    f"{position} got {event_id} (#{got}), expected "
+                    f"{run.ids[expected] if 0 <= expected < len(run.ids) else 'no event'} "
+                    f"(#{expected}) ({len(run.ids)} acknowledged); {describe(f, index)}"
+                )
+                return -1
+            if data != run.payloads[expected]:
+                violations.add(f"{where}: payload of {event_id} differs from what was sent")
+                return -1
+            position = event_id
+        if segment.terminal == "end":
+            status = (segment.terminal_data or {}).get("status")
+            if position is None:
+                missing = 0 if exposed else len(run.ids)
+            else:
+                missing = len(run.ids) - bisect.bisect_right(keys, key(position))
+            allowed = {run.expected_end, "success"} if run.evicted else {run.expected_end}
+            if missing:
+                violations.add(
+                    f"{where}: END after {position} with {missing} later events never "
+                    f"delivered (part {part}, cursor {segment.start}): a silent partial; "
+                    f"{describe(f, index)}"
+                )
+                return -1
+            if status not in allowed:
+                violations.add(f"{where}: END {status!r}, expected {run.expected_end!r}")
+                return -1
+    return len(ids)
+
+
+def verify(redis: RedisServer, workload: Workload, violations: Violations) -> tuple[int, int, int]:
+    """Returns (events verified, gaps, gaps on runs never removed)."""
     logs: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
     with redis.client() as c:
         for run in workload.runs:
-            key = f"{KEY_PREFIX}{{{run.run_id}}}:log"
-            logs[run.run_id] = [(i.decode(), f) for i, f in c.xrange(key)]
-
-    events_of: dict[str, list[tuple[str, bytes]]] = {}
-    end_of: dict[str, str | None] = {}
+            key_name = f"{KEY_PREFIX}{{{run.run_id}}}:log"
+            logs[run.run_id] = [(i.decode(), f) for i, f in c.xrange(key_name)]
+    runs = {run.run_id: run for run in workload.runs}
+    until = {run.run_id: removed_until(run, workload) for run in workload.runs}
     for run in workload.runs:
-        log = logs[run.run_id]
-        events = [(i, f[b"d"]) for i, f in log if b"e" in f]
-        ends = [(n, f[b"end"].decode()) for n, (_, f) in enumerate(log) if b"end" in f]
-        events_of[run.run_id] = events
-        end_of[run.run_id] = ends[-1][1] if ends else None
-        rid = run.run_id
-        if len(ends) != 1:
-            violations.add(f"run {rid}: {len(ends)} END entries in the log")
-        elif ends[0][0] != len(log) - 1:
-            violations.add(f"run {rid}: END is not the last log entry")
-        elif ends[0][1] != run.expected_end:
-            violations.add(f"run {rid}: END {ends[0][1]!r}, expected {run.expected_end!r}")
-        payloads = [orjson.loads(d) for _, d in events]
-        if any(p.get("by") == "zombie" for p in payloads):
-            violations.add(f"run {rid}: a zombie write is in the log")
-        if [i for i, _ in events] != run.ids:
-            violations.add(
-                f"run {rid}: log ids differ from the acknowledged ids "
-                f"(log {len(events)}, acknowledged {len(run.ids)})"
-            )
-        if [p.get("seq") for p in payloads] != list(range(len(payloads))):
-            violations.add(f"run {rid}: log seqs are not 0..n-1 (loss or duplicate)")
+        verify_run(run, logs[run.run_id], until[run.run_id], violations)
 
-    verified = gaps = 0
+    verified = gaps = unexplained = 0
     for f in workload.follows:
-        events = events_of[f.run_id]
+        run = runs[f.run_id]
+        exposed = until[f.run_id] is not None
         where = f"follow {f.who} of {f.run_id}"
-        if f.outcome.startswith("http") or f.outcome in ("open", "unfinished"):
+        if f.outcome == "http 404" and workload.eviction_touched(run):
+            workload.stats["follows_of_evicted_runs"] += 1
+        elif f.outcome.startswith("http") or f.outcome in ("open", "unfinished", "gap loop"):
             violations.add(f"{where}: {f.outcome} after {len(f.ids)} events")
             continue
-        if len(set(f.ids)) != len(f.ids):
-            violations.add(f"{where}: duplicate ids")
+        count = verify_follow(f, run, exposed, violations)
+        if count < 0:
             continue
-        if f.ids != [i for i, _ in events[: len(f.ids)]]:
-            violations.add(f"{where}: ids are not the log's prefix (loss, duplicate, reorder)")
-            continue
-        if f.data != [d for _, d in events[: len(f.ids)]]:
-            violations.add(f"{where}: payload bytes differ from the log")
-            continue
-        if f.terminal == "gap":
-            gaps += 1
-            print(f"gap: {where} after {len(f.ids)} events: {f.terminal_data}", flush=True)
-        elif f.terminal == "end":
-            status = (f.terminal_data or {}).get("status")
-            if len(f.ids) != len(events):
-                violations.add(f"{where}: END after {len(f.ids)} of {len(events)} events")
-                continue
-            if status != end_of[f.run_id]:
-                violations.add(f"{where}: END {status!r}, log says {end_of[f.run_id]!r}")
-                continue
-        verified += len(f.ids)
-    return verified, gaps
+        for segment in f.segments:
+            if segment.terminal == "gap":
+                gaps += 1
+                if not exposed:
+                    unexplained += 1
+                    print(f"gap on a run never removed: {where}: {segment.terminal_data}")
+        verified += count
+    return verified, gaps, unexplained
 
 
 # ------------------------------------------------------------------------ main thread
@@ -574,6 +955,7 @@ class Chaos:
         self.gateways = [
             GatewayProcess(
                 None,  # the Redis URL is known once Redis has its port (start())
+                api_key=API_KEY,
                 heartbeat=HEARTBEAT,
                 key_prefix=KEY_PREFIX,
                 port=free_port(),
@@ -585,6 +967,7 @@ class Chaos:
         self.bag: list[str] = []
         self.violations = Violations()
         self.t0 = time.monotonic()
+        self.keys_evicted = self.logs_removed = self.pubsub_killed = 0
 
     def log(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
@@ -625,7 +1008,7 @@ class Chaos:
 
     def inject(self, workload: Workload) -> None:
         if not self.bag:  # every kind once per round, in a seeded random order
-            self.bag = list(FAULT_KINDS)
+            self.bag = list(self.args.faults)
             self.rng.shuffle(self.bag)
         kind = self.bag.pop()
         if kind in ("gateway_kill", "gateway_sigterm"):
@@ -651,17 +1034,99 @@ class Chaos:
             self.redis.restart()
             self.log("redis_outage: redis restarted (AOF replayed)")
             workload.faults[kind] += 1
+        elif kind == "eviction":
+            self.evict(workload)
+        elif kind == "pubsub_kill":
+            with self.redis.client() as c:
+                killed = c.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            self.log(f"pubsub_kill: {killed} pub/sub connections killed")
+            self.pubsub_killed += int(killed)
+            workload.faults[kind] += 1
         else:
             busy = [i for i, r in list(workload.current.items()) if r.ids]
             if not busy:
                 return
             index = self.rng.choice(busy)
             run = workload.current.get(index)
+            if run is None:
+                return
             if kind == "producer_dies":
                 workload.die_requests.add(index)
-            else:
+            elif kind == "zombie_producer":
                 workload.zombie_requests.add(index)
-            self.log(f"{kind}: producer p{index} ({run.run_id if run else '?'})")
+            elif kind == "run_delete":
+                self.delete_run(workload, run)
+                return
+            else:
+                self.retire_session(workload, index, run)
+                return
+            self.log(f"{kind}: producer p{index} ({run.run_id})")
+
+    def operator(self, method: str, path: str, done: frozenset[int]) -> httpx.Response:
+        """An operator request through haproxy, re-sent after a 5xx or a cut (both
+        removals are idempotent) until it answers one of `done`."""
+        assert self.proxy is not None
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                response = httpx.request(method, self.proxy.url + path, headers=AUTH, timeout=10)
+                if response.status_code in done:
+                    return response
+                if response.status_code not in MAYBE_APPLIED:
+                    raise RuntimeError(f"{method} {path}: {response.status_code} {response.text}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{method} {path}: no answer in 30 s")
+            time.sleep(0.1)
+
+    def delete_run(self, workload: Workload, run: Run) -> None:
+        window = [time.monotonic(), float("inf")]
+        run.deletes.append(window)
+        response = self.operator("DELETE", f"/v1/runs/{run.run_id}", frozenset({204, 404}))
+        window[1] = time.monotonic()
+        self.log(f"run_delete: {run.run_id} after {len(run.ids)} events: {response.status_code}")
+        workload.faults["run_delete"] += 1
+
+    def retire_session(self, workload: Workload, index: int, run: Run) -> None:
+        workload.sessions[index] += 1  # the producer's next run opens a new session
+        window = [time.monotonic(), float("inf")]
+        workload.retired.append((run.session_id, window))
+        path = f"/v1/sessions/{run.session_id}?retire=true"
+        response = self.operator("DELETE", path, frozenset({200}))
+        window[1] = time.monotonic()
+        removed = response.json()["removed_runs"]
+        self.logs_removed += len(removed)
+        self.log(
+            f"session_retire: {run.session_id} with {run.run_id} in flight after "
+            f"{len(run.ids)} events: {len(removed)} logs removed"
+        )
+        workload.faults["session_retire"] += 1
+
+    def evict(self, workload: Workload) -> None:
+        """maxmemory below what is in use, volatile-lru, for 2-4 s. The target cuts
+        20-120 % of the dataset: sometimes only old logs go, sometimes every key with a
+        TTL (live runs included) and writes meet OOM until the window closes."""
+        hold = self.rng.uniform(2.0, 4.0)
+        share = self.rng.uniform(0.2, 1.2)
+        window = [time.monotonic(), float("inf")]
+        workload.evictions.append(window)
+        with self.redis.client() as c:
+            memory = c.info("memory")
+            before = int(c.info("stats")["evicted_keys"])
+            used, dataset = int(memory["used_memory"]), int(memory["used_memory_dataset"])
+            target = max(1024 * 1024, int(used - share * dataset))
+            c.config_set("maxmemory-policy", "volatile-lru")
+            c.config_set("maxmemory", target)
+            time.sleep(hold)
+            c.config_set("maxmemory", 0)
+            c.config_set("maxmemory-policy", "noeviction")
+            window[1] = time.monotonic()
+            evicted = int(c.info("stats")["evicted_keys"]) - before
+        self.keys_evicted += evicted
+        self.log(
+            f"eviction: maxmemory {target} (used {used}, dataset {dataset}) volatile-lru "
+            f"for {hold:.1f}s: {evicted} keys evicted"
+        )
+        workload.faults["eviction"] += 1
 
     def run(self) -> int:
         args = self.args
@@ -678,12 +1143,12 @@ class Chaos:
             raise
         assert self.proxy is not None
         self.log("Redis, 3 gateways and haproxy up; faults start")
-        workload = Workload(self.proxy.url, args, self.violations)
+        workload = Workload(self.proxy.url, [g.url for g in self.gateways], args, self.violations)
         thread = threading.Thread(target=workload.thread_main, name="workload", daemon=True)
         try:
             thread.start()
             workload.started.wait(30)
-            self.t0 = started = time.monotonic()
+            self.t0 = started = workload.t0 = time.monotonic()
             deadline = started + args.duration
             while time.monotonic() < deadline and not workload.settled.is_set():
                 gap = self.rng.uniform(args.min_gap, args.max_gap)
@@ -706,7 +1171,7 @@ class Chaos:
             if workload.error is not None:
                 raise workload.error
             self.log("settled; verifying against the Redis logs")
-            verified, gaps = verify(self.redis, workload, self.violations)
+            verified, gaps, unexplained = verify(self.redis, workload, self.violations)
         except BaseException:
             workload.abort = True
             workload.die_requests.clear()
@@ -732,9 +1197,19 @@ class Chaos:
             f"events verified:     {verified} (subscriber-received events checked against "
             f"the log, over {len(workload.follows)} subscriptions)"
         )
+        print("faults injected:     " + ", ".join(f"{k} {faults[k]}" for k in COUNTED_KINDS))
         print(
-            "faults injected:     "
-            + ", ".join(f"{k} {faults[k]}" for k in (*FAULT_KINDS, "subscriber_disconnect"))
+            f"removals:            {sum(len(r.deletes) for r in workload.runs)} runs deleted, "
+            f"{len(workload.retired)} sessions retired ({self.logs_removed} logs removed), "
+            f"{self.keys_evicted} keys evicted, {stats['runs_lost_to_eviction']} runs "
+            f"abandoned after an eviction took their record, "
+            f"{stats['follows_of_evicted_runs']} follows of evicted runs ended 404"
+        )
+        print(f"pub/sub kills:       {self.pubsub_killed} notifier connections killed")
+        print(
+            f"open responses:      {workload.samples} samples of {OPEN_GAUGE} "
+            f"(max {workload.sample_max} open), each within the client connections of the "
+            f"{OUTLIVE:g} s before; 0 within {OUTLIVE:g} s of the last disconnect"
         )
         print(
             f"zombie writes:       {stats['zombie_writes_fenced']} fenced, "
@@ -745,7 +1220,7 @@ class Chaos:
             f"{stats['sse_clean_ends_without_end']} drained ends, "
             f"{stats['sse_unavailable_frames']} unavailable frames, {stats['sse_5xx']} 5xx"
         )
-        print(f"gaps:                {gaps}")
+        print(f"gaps:                {gaps} ({unexplained} on runs never removed)")
         print(f"violations:          {len(self.violations.items)}")
         for text in self.violations.items[:50]:
             print(f"  - {text}")
@@ -771,7 +1246,15 @@ def main() -> None:
     parser.add_argument("--min-gap", type=float, default=1.0, help="min seconds between faults")
     parser.add_argument("--max-gap", type=float, default=3.0, help="max seconds between faults")
     parser.add_argument("--settle-timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--faults",
+        type=lambda text: text.split(","),
+        default=list(FAULT_KINDS),
+        help=f"comma-separated fault kinds to inject (default: all of {','.join(FAULT_KINDS)})",
+    )
     args = parser.parse_args()
+    if unknown := set(args.faults) - set(FAULT_KINDS):
+        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
 

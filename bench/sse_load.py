@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _TS_RE = re.compile(rb'data: \{"t":([0-9.]+)')
-_ID_RE = re.compile(rb"(?m)^id: (\S+)")
+# Data events' ids (`<ms>-<seq>`); the terminal `end`/`gap` frames carry `id: end` / `id: gap`.
+_ID_RE = re.compile(rb"(?m)^id: ([0-9]+-[0-9]+)$")
 
 
 def raise_nofile(want: int = 65_536) -> int:
@@ -329,7 +330,7 @@ class _SSEProtocol(asyncio.Protocol):
             return
         done, self.buf = buf[: cut + 2], buf[cut + 2 :]
         framed = b"\n" + done
-        n = framed.count(b"\nid: ")
+        n = framed.count(b"\nid: ") - framed.count(b"\nid: end\n") - framed.count(b"\nid: gap\n")
         if n:
             now = time.time()
             if not self.worker.result.first_event:

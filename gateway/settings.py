@@ -18,7 +18,8 @@ forces it), whoever builds them: the command line and library users of `create_a
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+import re
+from typing import Annotated, Final, Literal, Self
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -33,6 +34,11 @@ from .hosts import is_loopback
 
 ENV_PREFIX = "GATEWAY_"
 MIN_JWT_SECRET_BYTES = 32
+
+# What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
+_ORIGIN_RE: Final = re.compile(
+    r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?/?"
+)
 
 
 def _split_commas(value: object) -> object:
@@ -111,6 +117,14 @@ class Settings(BaseSettings):
         False,
         description="Serve without authentication on a non-loopback address (unsafe).",
     )
+    cors_origins: CommaList = Field(
+        (),
+        description="Browser pages on these origins may call the subscriber and session "
+        'routes (CORS); empty: no cross-origin access; "*": any origin.',
+    )
+    cors_producer_routes: bool = Field(
+        False, description="Also allow CORS on the producer and operator routes."
+    )
 
     max_request_head_bytes: int = Field(
         16_384, ge=1_024, description="Largest request head (request line and headers)."
@@ -154,6 +168,16 @@ class Settings(BaseSettings):
                     "(gateway serve --help lists every setting)"
                 )
         return init_settings, env_settings, dotenv_settings, file_secret_settings
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN_RE.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin (scheme://host[:port], no path) or *"
+                )
+        return tuple(origin.rstrip("/") for origin in value)
 
     @field_validator("api_keys")
     @classmethod

@@ -15,6 +15,8 @@
 -- ARGV[5]  created_at (s)        ARGV[6]  last_updated (s)
 -- ARGV[7]  TTL ms (0 = no TTL: a parked turn is never swept)
 -- ARGV[8]  prune budget: at most this many expired turns are dropped from the lists
+-- ARGV[9]  the session's feed channel: told when this write creates the turn (a new
+--          turn is what session feeds wait for; the channel is not a key)
 --
 -- Returns {"ok", session last_updated, state of the newest-created turn, turn count}
 --       | {"retired"} (nothing written) | {"conflict"} (re-read and retry)
@@ -43,6 +45,9 @@ else
   redis.call('ZADD', KEYS[4], '+inf', run_id)
 end
 redis.call('ZADD', KEYS[3], updated, run_id)
+if ARGV[2] == '0' and ARGV[9] then
+  redis.call('PUBLISH', ARGV[9], run_id)
+end
 
 -- drop list entries of expired turns (their hashes are gone already), bounded
 local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, tonumber(ARGV[8]))

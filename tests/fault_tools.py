@@ -170,7 +170,7 @@ class Follower:
 
     @property
     def ids(self) -> list[str]:
-        return [f.id for f in self.events if f.id is not None]
+        return [f.data_id for f in self.events if f.data_id is not None]
 
     @property
     def seqs(self) -> list[int]:
@@ -209,7 +209,7 @@ class Follower:
                             if frame.retry is not None:
                                 self.retries.append(frame.retry)
                                 retry_ms = frame.retry
-                            if frame.id is not None:
+                            if frame.data_id is not None:
                                 self.arrivals[frame.id] = time.monotonic()
                                 self.events.append(frame)
                             elif frame.event in ("end", "gap"):

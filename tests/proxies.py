@@ -36,6 +36,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -52,7 +53,14 @@ NGINX_TEMPLATE = DEPLOY / "nginx.conf.template"
 HAPROXY_BIN = os.environ.get("HAPROXY_BIN") or shutil.which("haproxy") or "/usr/sbin/haproxy"
 NGINX_BIN = os.environ.get("NGINX_BIN") or shutil.which("nginx") or "/usr/sbin/nginx"
 HAPROXY_MAX_BACKENDS = 8  # GATEWAY_BACKEND_1..8 slots in deploy/haproxy.cfg
-NGINX_VARIABLES = ("NGINX_LISTEN", "GATEWAY_UPSTREAMS")
+NGINX_VARIABLES = (
+    "NGINX_LISTEN",
+    "NGINX_TLS_LISTEN",
+    "NGINX_TLS_CERT",
+    "NGINX_TLS_KEY",
+    "GATEWAY_UPSTREAMS",
+)
+OPENSSL_BIN = shutil.which("openssl") or "/usr/bin/openssl"
 HOST = "127.0.0.1"
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
@@ -100,22 +108,66 @@ def render_template(text: str, values: Mapping[str, str]) -> str:
     return pattern.sub(lambda m: values[m.group(1) or m.group(2)], text)
 
 
-def haproxy_env(backends: Sequence[str], listen: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class Certificate:
+    """A self-signed certificate for 127.0.0.1/localhost: PEM files in one directory."""
+
+    cert: Path  # the certificate
+    key: Path  # its private key
+    bundle: Path  # both in one file (what HAProxy's `crt` reads)
+
+
+def self_signed_certificate(directory: Path) -> Certificate:
+    """Make one with the openssl CLI (an EC P-256 key, valid for two days)."""
+    cert, key, bundle = directory / "tls.crt", directory / "tls.key", directory / "tls.pem"
+    subprocess.run(
+        [
+            OPENSSL_BIN, "req", "-x509", "-newkey", "ec",
+            "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(key), "-out", str(cert), "-days", "2",
+            "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+    bundle.write_bytes(cert.read_bytes() + key.read_bytes())
+    return Certificate(cert, key, bundle)
+
+
+def haproxy_env(
+    backends: Sequence[str],
+    listen: str,
+    tls_listen: str | None = None,
+    certificate: Certificate | None = None,
+) -> dict[str, str]:
     """The environment ``deploy/haproxy.cfg`` reads."""
     if not 1 <= len(backends) <= HAPROXY_MAX_BACKENDS:
         raise ValueError(f"deploy/haproxy.cfg has 1..{HAPROXY_MAX_BACKENDS} backend slots")
     env = {"HAPROXY_BIND": listen}
+    if tls_listen is not None and certificate is not None:
+        env["HAPROXY_TLS_BIND"] = tls_listen
+        env["HAPROXY_TLS_CERT"] = str(certificate.bundle)
     for index, backend in enumerate(backends, start=1):
         env[f"GATEWAY_BACKEND_{index}"] = host_port(backend)
     return env
 
 
-def nginx_values(backends: Sequence[str], listen: str) -> dict[str, str]:
+def nginx_values(
+    backends: Sequence[str], listen: str, tls_listen: str, certificate: Certificate
+) -> dict[str, str]:
     """The values ``deploy/nginx.conf.template`` is rendered with."""
     if not backends:
         raise ValueError("nginx needs at least one backend")
     servers = " ".join(f"server {host_port(b)} max_fails=2 fail_timeout=5s;" for b in backends)
-    return {"NGINX_LISTEN": listen, "GATEWAY_UPSTREAMS": servers}
+    return {
+        "NGINX_LISTEN": listen,
+        "NGINX_TLS_LISTEN": tls_listen,
+        "NGINX_TLS_CERT": str(certificate.cert),
+        "NGINX_TLS_KEY": str(certificate.key),
+        "GATEWAY_UPSTREAMS": servers,
+    }
 
 
 class _Process:
@@ -225,6 +277,7 @@ class Proxy(_Process):
         port: int | None = None,
         directory: Path | None = None,
         config: Path | None = None,
+        tls: bool = False,
     ) -> None:
         if kind not in ("haproxy", "nginx"):
             raise ValueError(f"unknown proxy kind {kind!r}")
@@ -232,6 +285,11 @@ class Proxy(_Process):
         super().__init__(directory, port)
         self.kind: ProxyKind = kind
         self.backends = [host_port(b) for b in backends]
+        # The TLS listener (HTTP/2 and HTTP/1.1): always on for nginx, whose template
+        # requires it; for haproxy only with ``tls=True`` (its TLS bind is optional).
+        self.tls = tls or kind == "nginx"
+        self.tls_port = 0
+        self.certificate: Certificate | None = None
         # The shipped file unless a test passes a variant (e.g. a deliberately bad one).
         self.source = (
             Path(config) if config else HAPROXY_CFG if kind == "haproxy" else NGINX_TEMPLATE
@@ -241,13 +299,27 @@ class Proxy(_Process):
     def config_path(self) -> Path:
         return self.source if self.kind == "haproxy" else self.dir / "nginx.conf"
 
+    @property
+    def tls_url(self) -> str:
+        """``https://127.0.0.1:<port>``: the TLS listener (HTTP/2 by ALPN)."""
+        return f"https://{HOST}:{self.tls_port}"
+
     def _prepare(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        tls_listen: str | None = None
+        if self.tls:
+            if self.certificate is None:
+                self.certificate = self_signed_certificate(self.dir)
+            if not self.tls_port:
+                self.tls_port = free_port(exclude=[self.port])
+            tls_listen = f"{HOST}:{self.tls_port}"
         if self.kind == "haproxy":
-            env.update(haproxy_env(self.backends, self.address))
+            env.update(haproxy_env(self.backends, self.address, tls_listen, self.certificate))
             argv = [HAPROXY_BIN, "-db", "-f", str(self.source), "-p", str(self.dir / "haproxy.pid")]
             return argv, env
-        text = render_template(self.source.read_text(), nginx_values(self.backends, self.address))
+        assert tls_listen is not None and self.certificate is not None
+        values = nginx_values(self.backends, self.address, tls_listen, self.certificate)
+        text = render_template(self.source.read_text(), values)
         self.config_path.write_text(text)
         error_log = self.dir / "error.log"
         directives = f"daemon off; pid {self.dir / 'nginx.pid'}; error_log {error_log} info;"
@@ -280,6 +352,7 @@ class Proxy(_Process):
         for attempt in range(attempts):
             if not self._fixed_port:
                 self.port = free_port()
+                self.tls_port = 0  # (picked again beside it)
             argv, env = self._prepare()
             self._spawn(argv, env)
             try:
@@ -298,8 +371,10 @@ class Proxy(_Process):
 
     def _accepts(self) -> bool:
         self._check_alive()
-        with socket.create_connection((HOST, self.port), timeout=1):
-            return True
+        for port in (self.port, self.tls_port) if self.tls else (self.port,):
+            with socket.create_connection((HOST, port), timeout=1):
+                pass
+        return True
 
     def _details(self) -> str:
         parts = [self.log()]

@@ -2,7 +2,9 @@
 
 Frames keep the raw bytes of their `data:` lines, so tests can compare the payload with
 the producer's encoding byte for byte. Comments (`: heartbeat`) and `retry:` hints are
-frames too, in order, so tests can assert what comes first.
+frames too, in order, so tests can assert what comes first: the gateway writes them as
+lone lines (no blank line after them, so no client dispatches an empty event), and a
+lone line at the start of a frame is reported as its own frame here.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class Frame:
         return orjson.loads(self.data)
 
     @property
+    def data_id(self) -> str | None:
+        """The id of a data event (a cursor); None for every other frame."""
+        return None if self.event in TERMINAL else self.id
+
+    @property
     def is_event(self) -> bool:
         return bool(self.data_lines) or self.event is not None
 
@@ -60,13 +67,19 @@ class SSEParser:
                     frames.append(self._frame)
                 self._frame, self._touched = Frame(), False
                 continue
-            self._touched = True
             if line.startswith(b":"):
+                if not self._touched:
+                    frames.append(Frame(comments=[line[1:].strip()]))
+                    continue
                 self._frame.comments.append(line[1:].strip())
                 continue
             name, _, value = line.partition(b":")
             if value.startswith(b" "):
                 value = value[1:]
+            if name == b"retry" and not self._touched:
+                frames.append(Frame(retry=int(value)))
+                continue
+            self._touched = True
             if name == b"id":
                 self._frame.id = value.decode()
             elif name == b"event":
@@ -86,8 +99,8 @@ class SSEResult:
 
     @property
     def events(self) -> list[Frame]:
-        """Data events (frames with an id)."""
-        return [f for f in self.frames if f.id is not None]
+        """Data events (frames with an id, other than the terminal `end`/`gap`)."""
+        return [f for f in self.frames if f.id is not None and f.event not in TERMINAL]
 
     @property
     def terminal(self) -> Frame | None:

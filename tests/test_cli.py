@@ -290,6 +290,28 @@ def test_allow_open_nonloopback_forces_start(start_server: Callable[..., Server]
     assert entries and all({"ts", "level", "logger", "msg"} <= e.keys() for e in entries)
 
 
+@needs_app
+def test_cors_origin_flags_and_env(start_server: Callable[..., Server]) -> None:
+    """`--cors-origins` (repeatable) and `GATEWAY_CORS_ORIGINS` reach the CORS rules."""
+    flagged = start_server(
+        "--cors-origins", "http://a.example", "--cors-origins", "http://b.example"
+    )
+    env = {**clean_env(), "GATEWAY_CORS_ORIGINS": "http://c.example"}
+    from_env = start_server(env=env)
+    preflight = {"Access-Control-Request-Method": "GET"}
+    for server, allowed in ((flagged, "http://b.example"), (from_env, "http://c.example")):
+        server.wait_healthy()
+        url = server.base + "/v1/sessions"
+        ok = httpx.options(url, headers={**preflight, "Origin": allowed}, timeout=5)
+        assert ok.headers.get("access-control-allow-origin") == allowed
+        other = httpx.options(url, headers={**preflight, "Origin": "http://z.example"}, timeout=5)
+        assert "access-control-allow-origin" not in other.headers
+        assert server.terminate() == 0
+    bad = start_server("--cors-origins", "not-an-origin")
+    assert bad.proc.wait(timeout=15) == 2
+    assert "origin" in bad.log()
+
+
 def read_demo_stream(url: str, headers: dict[str, str] | None = None) -> list[dict[str, str]]:
     frames: list[dict[str, str]] = []
     timeout = httpx.Timeout(10, read=20)
@@ -314,7 +336,7 @@ def test_serve_demo_streams_tokens_then_end(start_server: Callable[..., Server])
     tokens = [f for f in frames if f.get("event") == "token"]
     assert len(tokens) >= 2
     assert all("id" in f and "text" in json.loads(f["data"]) for f in tokens)
-    assert frames[-1]["event"] == "end" and "id" not in frames[-1]
+    assert frames[-1]["event"] == "end" and frames[-1]["id"] == "end"
     assert json.loads(frames[-1]["data"])["status"] == "success"
     assert server.terminate() == 0
 

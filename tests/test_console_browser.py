@@ -274,3 +274,36 @@ async def test_the_console_opens_on_the_demo_session_with_its_turn_streaming() -
         )
         await wait_status(page, "running")
         tg.cancel_scope.cancel()
+
+
+async def test_selected_session_follows_every_turn_on_one_stream() -> None:
+    """Selecting a session follows it live through the session feed: new turns appear
+    and stream in the turns panel, with one SSE response open for all of them."""
+    async with console() as (srv, client, page):
+        first = await ProducerClient.claim(client, session_id="chat")
+        await publish_words(first, WORDS[:2])
+        await first.end()
+        await page.goto(f"{srv.base_url}/")
+        await page.wait_for_selector('#sessions li[data-session-id="chat"]', state="attached")
+        await page.click('#sessions li[data-session-id="chat"]')
+        await page.wait_for_selector('#turns[data-feed="live"]', state="attached")
+        await page.wait_for_function("document.querySelectorAll('#turns li').length === 1")
+        for words in (WORDS[2:5], WORDS[5:7]):
+            producer = await ProducerClient.claim(client, session_id="chat")
+            row = f'#turns li[data-run-id="{producer.run_id}"]'
+            await page.wait_for_selector(f'{row}[data-state="running"]', state="attached")
+            for index in range(len(words)):
+                await publish_words(producer, words[index : index + 1])
+                expected = "".join(words[: index + 1])
+                await page.wait_for_function(
+                    "([sel, text]) => document.querySelector(sel + ' .text').textContent === text",
+                    arg=[row, expected],
+                )
+            # one response follows the whole session: no stream per run
+            assert await anyio.to_thread.run_sync(srv.open_sse) == 1
+            await producer.end()
+            await page.wait_for_selector(f'{row}[data-state="success"]', state="attached")
+        assert await page.locator("#turns li").count() == 3
+        await client.delete("/v1/sessions/chat")
+        await page.wait_for_selector('#turns[data-feed="retired"]', state="attached")
+        await anyio.to_thread.run_sync(srv.wait_open_sse, 0)

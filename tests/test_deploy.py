@@ -190,6 +190,67 @@ async def test_the_latency_check_catches_haproxy_without_http_no_delay(
     assert statistics.median(latencies) >= LATENCY_LIMIT, latencies
 
 
+# -- live: a client's disconnect reaches the gateway ----------------------------------------
+
+IDLE_HEARTBEAT = 3.0  # long, so a proxy that waits for a failed write shows it
+FREED_WITHIN = 1.0
+
+
+async def seconds_to_free(gateway: GatewayProcess, proxy: Proxy) -> float:
+    """Open an idle stream through `proxy`, read the retry hint, disconnect; seconds
+    until the gateway holds no SSE response (capped at 4 heartbeats)."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=10) as client:
+        producer = await ProducerClient.claim(client)
+        async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+            assert (await next_frame(iter_frames(response))).retry is not None
+            assert gateway.metric("gateway_sse_open_subscribers") == 1
+    closed = time.monotonic()
+    while gateway.metric("gateway_sse_open_subscribers") > 0:
+        if time.monotonic() - closed > 4 * IDLE_HEARTBEAT:
+            break
+        await anyio.sleep(0.02)
+    return time.monotonic() - closed
+
+
+@pytest.fixture(scope="module")
+def idle_gateway(redis_url: str) -> Iterator[GatewayProcess]:
+    prefix = f"t{uuid4().hex[:8]}:"
+    with GatewayProcess(
+        redis_url=redis_url, api_key=API_KEY, heartbeat=IDLE_HEARTBEAT, key_prefix=prefix
+    ) as gateway:
+        yield gateway
+
+
+@proxy_kinds
+@pytest.mark.anyio
+async def test_a_client_disconnect_through_the_proxy_frees_the_gateway_response(
+    idle_gateway: GatewayProcess, kind: str
+) -> None:
+    """On an idle stream (no event, heartbeats 3 s apart) the client goes away: the
+    gateway's response ends within a second, not when a later write fails."""
+    with Proxy(kind, backends=[idle_gateway.url]) as proxy:  # type: ignore[arg-type]
+        freed = [await seconds_to_free(idle_gateway, proxy) for _ in range(3)]
+    print(f"{kind}: gateway response freed {freed} s after the client disconnected")
+    assert max(freed) < FREED_WITHIN, freed
+
+
+@needs["haproxy"]
+@pytest.mark.anyio
+async def test_the_disconnect_check_catches_haproxy_without_abortonclose(
+    idle_gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    """Negative control: without `option abortonclose` HAProxy keeps the gateway's
+    response open after the client's FIN until a heartbeat write to it fails."""
+    shipped = (DEPLOY / "haproxy.cfg").read_text()
+    line = next(x for x in shipped.splitlines() if x.strip().startswith("option abortonclose"))
+    variant = tmp_path / "haproxy-no-abort.cfg"
+    variant.write_text(shipped.replace(line + "\n", ""))
+    with Proxy("haproxy", backends=[idle_gateway.url], config=variant) as proxy:
+        freed = await seconds_to_free(idle_gateway, proxy)
+    assert freed >= FREED_WITHIN, freed
+
+
 # -- live: exact resume through the proxy --------------------------------------------------
 
 
@@ -233,7 +294,7 @@ async def test_reconnect_with_last_event_id_resumes_exactly(
     cursor = cut[-1].id
     for attempt in range(8):
         resumed = await read_events(client, url, cursor)
-        assert resumed[-1].event == "end" and resumed[-1].id is None
+        assert resumed[-1].event == "end" and resumed[-1].id == "end"
         data = resumed[:-1]
         start = all_ids.index(cursor) + 1 if cursor else 0
         assert [f.id for f in data] == all_ids[start:], attempt
@@ -283,9 +344,11 @@ async def test_heartbeats_pass_through_unbuffered(client: httpx.AsyncClient, kin
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=needs[k]) for k in KINDS])
-def test_shipped_proxy_config_is_valid(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [False, True])
+def test_shipped_proxy_config_is_valid(kind: str, tls: bool, tmp_path: Path) -> None:
     backends = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
-    result = Proxy(kind, backends=backends, directory=tmp_path).check()  # type: ignore[arg-type]
+    proxy = Proxy(kind, backends=backends, directory=tmp_path, tls=tls)  # type: ignore[arg-type]
+    result = proxy.check()
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -35,7 +35,7 @@ async def test_graceful_shutdown_ends_sse_cleanly_and_resume_elsewhere(
                         if frame.id == ids[-1]:
                             a.server.should_exit = True  # SIGTERM-equivalent
             # Ended cleanly: no terminal frame, every frame complete, nothing after the cut.
-            assert [f.id for f in frames if f.id] == ids
+            assert [f.data_id for f in frames if f.data_id] == ids
             assert not any(f.event in ("end", "gap") for f in frames)
             assert frames[-1].comments and frames[-1].comments[0].startswith(b"shutdown")
         if backend == "memory":
@@ -47,7 +47,7 @@ async def test_graceful_shutdown_ends_sse_cleanly_and_resume_elsewhere(
                 "GET", f"/v1/runs/{producer.run_id}/stream", headers={"Last-Event-ID": ids[-1]}
             ) as response:
                 rest = [f async for f in iter_frames(response)]
-    assert [f.id for f in rest if f.id] == more
+    assert [f.data_id for f in rest if f.data_id] == more
     assert rest[-1].event == "end"
 
 

@@ -44,7 +44,41 @@ async def test_headers_retry_first_ids_and_end_frame(client: httpx.AsyncClient) 
     assert [f.id for f in result.events] == ids
     assert [f.json() for f in result.events] == [{"i": i} for i in range(3)]
     end = result.frames[-1]
-    assert end.event == "end" and end.id is None and end.json() == {"status": "success"}
+    assert end.event == "end" and end.id == "end" and end.json() == {"status": "success"}
+
+
+async def test_retry_and_heartbeats_are_lone_lines_no_parser_dispatches(
+    client: httpx.AsyncClient,
+) -> None:
+    """`retry:` and comments are never followed by a blank line of their own: parsers
+    that dispatch an event for any blank line (httpx-sse, fetch-event-source) see none."""
+    producer = await ProducerClient.claim(client)
+    await producer.publish(("token", 0))
+    url = f"/v1/runs/{producer.run_id}/stream"
+    raw = b""
+    async with client.stream("GET", url) as response:
+        async for chunk in response.aiter_raw():
+            raw += chunk
+            if raw.count(b": heartbeat\n") >= 1:
+                break
+    first_line, _, rest = raw.partition(b"\n")
+    assert first_line.startswith(b"retry: ") and rest.startswith(b"id: ")
+    assert b"\n\n: heartbeat\n" in raw
+    assert b": heartbeat\n\n" not in raw and b"retry: " not in rest
+
+
+@pytest.mark.parametrize("marker", ["end", "gap"])
+async def test_reconnect_after_a_terminal_frame_is_204(
+    client: httpx.AsyncClient, marker: str
+) -> None:
+    """The id of `end`/`gap` sent back (what EventSource does on its own) gets 204, the
+    answer that stops an EventSource; as the query parameter too. Auth and 404 first."""
+    producer, _ = await _ended_run(client, 2)
+    url = f"/v1/runs/{producer.run_id}/stream"
+    assert (await client.get(url, headers={"Last-Event-ID": marker})).status_code == 204
+    assert (await client.get(url, params={"last_event_id": marker})).status_code == 204
+    unknown = await client.get("/v1/runs/nope/stream", headers={"Last-Event-ID": marker})
+    assert unknown.status_code == 404
 
 
 async def test_retry_is_jittered_per_connection(client: httpx.AsyncClient) -> None:
@@ -120,7 +154,7 @@ async def test_reattach_exact_replay_no_duplicate_no_loss(
     # Read two events live, then drop the connection.
     async with client.stream("GET", url) as response:
         async for frame in iter_frames(response):
-            if frame.id is not None:
+            if frame.data_id is not None:
                 seen.append(frame.id)
             if len(seen) == 2:
                 break
@@ -159,7 +193,7 @@ async def test_live_follow_then_end(client: httpx.AsyncClient) -> None:
             published += await producer.publish(("token", i))
         await producer.end()
         async for frame in frames:
-            if frame.id is not None:
+            if frame.data_id is not None:
                 received.append(frame.id)
     assert received == published
 
@@ -213,10 +247,11 @@ async def test_trimmed_cursor_gap_and_exact_predecessor(
     result = await read_stream(client, url, headers={"Last-Event-ID": predecessor})
     assert [f.id for f in result.events] == retained
     assert result.frames[-1].event == "end"
-    # Older than that: an explicit gap frame, without id, then the response ends.
+    # Older than that: an explicit gap frame (its id is the terminal `gap`, never a
+    # position), then the response ends.
     result = await read_stream(client, url, headers={"Last-Event-ID": ids[0]})
     gap = result.frames[-1]
-    assert gap.event == "gap" and gap.id is None and result.events == []
+    assert gap.event == "gap" and gap.id == "gap" and result.events == []
     body = gap.json()
     # Bridge detail: Redis counts its END entry as retained, memory reports the last event.
     assert body.pop("latest_available_event_id") in (ids[-1], end_id)
@@ -253,7 +288,7 @@ async def test_malformed_cursor_policy(
         assert (await anext(frames)).retry is not None
         after = await live.publish(("token", "c"))
         await live.end()
-        got = [f.id async for f in frames if f.id is not None]
+        got = [f.data_id async for f in frames if f.data_id is not None]
     expected = before + after if gateway_server.backend == "memory" else after
     if gateway_server.backend == "redis":
         # The subscription may start tailing a moment after the retry frame; never a replay.
@@ -272,7 +307,7 @@ async def test_disconnect_frees_subscription_and_producer_continues(
     await producer.publish(("token", 0))
     async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
         frames = iter_frames(response)
-        while (await anext(frames)).id is None:
+        while (await anext(frames)).data_id is None:
             pass
         assert gateway_server.open_sse() == 1
     # Closed by the client; no publish or heartbeat is needed for the server to notice.
@@ -328,7 +363,7 @@ async def test_a_client_that_stops_reading_stalls_neither_producer_nor_other_rea
             ids = await _publish_big(producer)  # every write accepted, none held back
             await producer.end()
         frames = result[0].frames
-        assert [f.id for f in frames if f.id is not None] == ids
+        assert [f.data_id for f in frames if f.data_id is not None] == ids
         assert frames[-1].event == "end"
         assert gateway_server.open_sse() == 1  # the stuck client is still there, behind
     gateway_server.wait_open_sse(0)

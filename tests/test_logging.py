@@ -207,7 +207,7 @@ async def test_gap_served_and_disconnect_outcomes(
     assert line["outcome"] == "gap" and line["events_delivered"] == 0
 
     left = await read_stream(
-        client, url, headers={"X-Request-ID": "d-1"}, stop=lambda f: f.id is not None
+        client, url, headers={"X-Request-ID": "d-1"}, stop=lambda f: f.data_id is not None
     )
     assert left.events
     line = json_logs.wait(request_line("/v1/runs/{run_id}/stream", request_id="d-1"))

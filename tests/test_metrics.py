@@ -93,7 +93,7 @@ async def test_open_gauge_bytes_out_delivered_and_lag(
     gateway_server.wait_open_sse(0)
     after = await scrape(client)
     frames = SSEParser().feed(received)
-    assert [f.id for f in frames if f.id is not None] == ids and frames[-1].event == "end"
+    assert [f.data_id for f in frames if f.data_id is not None] == ids and frames[-1].event == "end"
     assert after.value("gateway_sse_open_subscribers") == 0
     assert delta(after, before, "gateway_sse_bytes_out_total") == len(received)
     assert delta(after, before, "gateway_events_delivered_total") == 3
@@ -109,7 +109,7 @@ async def test_subscriber_gauge_returns_to_zero_after_disconnect(
     producer = await ProducerClient.claim(client)
     await producer.publish(("token", 1))
     url = f"/v1/runs/{producer.run_id}/stream"
-    result = await read_stream(client, url, stop=lambda frame: frame.id is not None)
+    result = await read_stream(client, url, stop=lambda frame: frame.data_id is not None)
     assert len(result.events) == 1
     gateway_server.wait_open_sse(0)
     assert (await scrape(client)).value("gateway_sse_open_subscribers") == 0

@@ -356,4 +356,3 @@ async def test_a_cursor_into_a_removed_log_gets_a_gap_and_at_its_end_the_end(
             # A reader that had every event of the ended run learns how it ended.
             async with reading(bridge, ended, ended_ids[-1]) as it:
                 assert await until_terminal(it) == [End("success", None, end.id)]
-

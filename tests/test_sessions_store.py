@@ -586,3 +586,26 @@ async def test_redis_cluster_smoke(redis_cluster: Any, key_prefix: str) -> None:
             assert len(await store.list_sessions(limit=50)) == 10
         finally:
             await client.aclose()
+
+
+async def test_running_turn_is_the_newest_turn_until_it_ends(store: Any) -> None:
+    """What the ui-stream replays: the newest-created turn while it has not ended."""
+    with anyio.fail_after(TIMEOUT):
+        s = sid()
+        assert await store.running_turn(s) is None  # no such session
+        first, second = rid(), rid()
+        await store.start_turn(s, first, message(), T0)
+        assert await store.running_turn(s) == first
+        await store.start_turn(s, second, message(), T0 + 1)
+        assert await store.running_turn(s) == second
+        await store.end_turn(s, first, "success", T0 + 2)  # an older turn ending: no change
+        assert await store.running_turn(s) == second
+        await store.apply_events(s, second, [("state", "input-required")], T0 + 3)
+        assert await store.running_turn(s) == second  # parked: its run is still open
+        await store.apply_events(s, second, [("ui", {"type": "text-delta", "delta": "x"})], T0 + 4)
+        await store.end_turn(s, second, "error", T0 + 5)
+        assert await store.running_turn(s) is None
+        (_, turn) = await store.list_turns(s)
+        assert turn["text"] == "x"
+        await store.delete_session(s, retire=True)
+        assert await store.running_turn(s) is None

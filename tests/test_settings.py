@@ -44,6 +44,8 @@ def sample(name: str, field: FieldInfo) -> tuple[list[str], Any]:
         return ["a1", "b2"], ("a1", "b2")
     if annotation in (int, float):
         return [str(default + 1)], default + 1
+    if annotation == int | None:
+        return ["42"], 42
     return ["sample-value"], "sample-value"
 
 

@@ -215,6 +215,11 @@ class RedisStreamBridge:
         """The command client, for stores that live beside the runs (sessions)."""
         return self._redis
 
+    @property
+    def notifier(self) -> Notifier:
+        """The process's change notifications, for stores that signal through them too."""
+        return self._notifier
+
     @classmethod
     def connect(cls, settings: Settings) -> RedisStreamBridge:
         return cls(settings, _connect(settings))

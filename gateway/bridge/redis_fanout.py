@@ -27,7 +27,7 @@ import logging
 import time
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 import anyio
@@ -71,6 +71,7 @@ class RunFeed:
         self.removed = False  # the log was seen and is missing now
         self.missing = False  # the last read found no log (readers ask Redis themselves)
         self.closed = False
+        self.changes = 0  # notifications seen: a reader compares it before and after a read
         self.last_read = 0.0
         self.users = 0
         self._seen = False
@@ -108,6 +109,7 @@ class RunFeed:
 
     def mark_stale(self) -> None:
         self.stale = True
+        self.changes += 1
         self._reads.clear()  # later readers read afresh
         self.wake()
 
@@ -261,6 +263,14 @@ class Notifier:
                 del self._feeds[keys.log]
                 with anyio.CancelScope(shield=True):
                     await self._unsubscribe(keys.log)
+
+    def watch(self, channel: str) -> AbstractAsyncContextManager[RunFeed]:
+        """Follow the notifications of a channel that carries no run log (a session's
+        turn list): a feed nobody reads entries into (so it stays `stale`, and `push`
+        takes every message as a change), shared by every local watcher of `channel`,
+        whose `changes` counts notifications (and reconnects, which may have lost some)
+        and whose `wait` wakes on each."""
+        return self.attach(RunKeys(meta=channel, log=channel), "0-0")
 
     async def _subscribe(self, channel: str) -> None:
         if self._pubsub is None:

@@ -6,9 +6,13 @@ producer.py       POST /v1/runs, /events, /end, /lease
 subscriber.py     GET /v1/runs/{id}, /stream, /wait; POST /cancel
 operator.py       DELETE /v1/runs/{id}
 langgraph.py      /threads/{session_id}/runs/{run_id}[/stream|/join]
+sessions_routes.py /v1/sessions, /turns, DELETE /v1/sessions/{id}
+ui_stream.py      GET /v1/sessions/{id}/ui-stream (AI SDK UI message stream)
 ops.py            /healthz, /readyz, /metrics
 sse.py            the SSE response (lean ASGI streaming)
-frames.py         SSE frame encoding
+frames.py         SSE frame encoding, one Framing per kind of stream
+routing.py        SSERoute: the SSE routes, known in one place
+cors.py           the CORS rules (Starlette's CORSMiddleware)
 errors.py         the one exception → HTTP error boundary
 bodies.py         bounded JSON bodies and input validation
 access.py         what each route calls to authorize (auth.py does the checking)

@@ -9,7 +9,8 @@ then cancels the task group; bridge teardown is shielded inside the provider.
 metrics, authenticator). `RequestLogMiddleware` (`observe.py`) wraps every route: request
 ids and one log line per request; the lifespan logs `startup`, `drain` and `shutdown`.
 The SSE `GET` routes are dispatched by `GatewayApp` itself, doing in one frame what the
-middleware stack does (a shorter suspended call chain per idle stream; see the class).
+middleware stack does (a shorter suspended call chain per idle stream; see the class);
+the CORS rules (`cors.py`) sit in front of both paths.
 Call `drain(app)` (or use `gateway.http.server.GatewayServer`)
 when the server starts shutting down, so SSE responses end cleanly before uvicorn waits
 for connections to close.
@@ -23,32 +24,38 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from starlette._exception_handler import _lookup_exception_handler
-from starlette._utils import is_async_callable
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute, Match, Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ExceptionHandler, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
 from ..sessions.provider import session_store_for
 from ..settings import Settings
-from . import langgraph, operator, ops, producer, sessions_routes, subscriber
+from . import (
+    langgraph,
+    operator,
+    ops,
+    producer,
+    session_feed,
+    sessions_routes,
+    subscriber,
+    ui_stream,
+)
 from .auth import Authenticator
-from .errors import install_error_handlers
+from .cors import cors_app
+from .errors import handled_error_response, install_error_handlers
 from .guards import RequestGuard
 from .liveness import monitor
 from .metrics import Metrics
 from .observe import RequestLogMiddleware, begin_request, lifecycle
 from .openapi import openapi_document
 from .responses import json_response
+from .routing import SSERoute
 from .state import GatewayState
 from .subscriptions import SubscriptionRegistry
 
@@ -118,13 +125,18 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         *operator.routes,
         *langgraph.routes,
         *sessions_routes.routes,
+        *ui_stream.routes,
+        *session_feed.routes,
         *ops.routes,
         Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
         Route("/", _console, methods=["GET"], include_in_schema=False),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = GatewayApp(
-        routes=routes, lifespan=lifespan, middleware=[Middleware(RequestLogMiddleware)]
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(RequestLogMiddleware)],
+        settings=settings,
     )
     # No trailing-slash redirects: Starlette builds their Location from the Host header
     # and copies the query string (a subscriber's `access_token`) into it.
@@ -135,25 +147,29 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
     return app
 
 
-# The SSE routes (`GET` only) that `GatewayApp` serves without the middleware stack.
-SSE_ENDPOINTS = frozenset({subscriber.stream_run, langgraph.join_stream})
-
-
 class GatewayApp(Starlette):
-    """Starlette with a short path for the SSE `GET` routes.
+    """Starlette with a short path for the SSE `GET` routes, and the CORS rules in front.
 
     An idle SSE response is what a process holds thousands of, suspended for minutes:
     each frame of the call chain above it (Starlette's error middleware, the request log
     middleware, the exception middleware, the router, the route's request wrapper and
-    their `send` closures) stays allocated for its lifetime. For a `GET` whose first
-    matching route is an SSE route, `__call__` does what that chain does in one frame:
-    the same route match and scope keys, the request id and log line (`observe`), the
-    app's exception handlers (the one error boundary, `errors.py`) and the plain 500
-    for anything else. Everything else, and a `debug` app, takes the normal stack.
+    their `send` closures) stays allocated for its lifetime. For a `GET` that an
+    `SSERoute` matches (`routing.py`), `__call__` does what that chain does in one frame,
+    through public API only: the route's scope keys, the request id and log line
+    (`observe`), the gateway's own errors answered by the one error boundary
+    (`errors.handled_error_response`; an SSE endpoint raises nothing else before its
+    response starts), and the plain 500 for anything else. Everything else, and a
+    `debug` app, takes the normal stack. Middleware added to the app does not see the
+    SSE `GET`s: it belongs in front of the whole app (as `cors.py` is) or in the stream.
+    SSE paths must not be shadowed by an earlier route (none is).
     """
 
-    _handlers: tuple[dict[Any, ExceptionHandler], dict[int, ExceptionHandler]] | None = None
     guard: RequestGuard | None = None
+
+    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sse_routes = [r for r in self.router.routes if isinstance(r, SSERoute)]
+        self._cors = cors_app(self._dispatch, settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.guard is not None:
@@ -166,88 +182,65 @@ class GatewayApp(Starlette):
                 finally:
                     sender.finished()
                 return
-        if scope["type"] == "http" and scope["method"] == "GET" and not self.debug:
-            path: str = scope["path"]
-            if path.endswith(("/stream", "/join")):
-                matched = _first_full_match(self.router.routes, scope)
-                if matched is not None and getattr(matched[0], "endpoint", None) in SSE_ENDPOINTS:
-                    await self._serve_sse(scope, receive, send, *matched)
-                    return
-        await super().__call__(scope, receive, send)
+        # Requests without `Origin` (every non-browser client) skip the CORS layer, as
+        # CORSMiddleware itself would: one frame less per idle stream.
+        if self._cors is not None and _has_origin(scope):
+            await self._cors(scope, receive, send)  # the CORS rules, then `_dispatch`
+            return
+        matched = self._sse_match(scope)
+        if matched is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self._serve_sse(scope, receive, send, *matched)
 
-    def _exception_handlers(
-        self,
-    ) -> tuple[dict[Any, ExceptionHandler], dict[int, ExceptionHandler]]:
-        """The handlers of the stack's `ExceptionMiddleware` (built on first use)."""
-        if self._handlers is None:
-            if self.middleware_stack is None:
-                self.middleware_stack = self.build_middleware_stack()
-            layer: Any = self.middleware_stack
-            while not isinstance(layer, ExceptionMiddleware):
-                layer = layer.app
-            self._handlers = (layer._exception_handlers, layer._status_handlers)
-        return self._handlers
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        matched = self._sse_match(scope)
+        if matched is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self._serve_sse(scope, receive, send, *matched)
+
+    def _sse_match(self, scope: Scope) -> tuple[SSERoute, Any] | None:
+        if scope["type"] == "http" and scope["method"] == "GET" and not self.debug:
+            for route in self._sse_routes:
+                match, child_scope = route.matches(scope)
+                if match is Match.FULL:
+                    return route, child_scope
+        return None
 
     async def _serve_sse(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        route: BaseRoute,
-        child_scope: Any,
+        self, scope: Scope, receive: Receive, send: Send, route: SSERoute, child_scope: Any
     ) -> None:
-        # Starlette.__call__, ExceptionMiddleware and Router.app: the same scope keys.
+        # The scope keys Starlette.__call__ and the router set.
         scope["app"] = self
-        handlers = scope["starlette.exception_handlers"] = self._exception_handlers()
         scope.setdefault("router", self.router)
         scope["route"] = route
         scope.update(child_scope)
         sender = begin_request(scope, send)  # RequestLogMiddleware
         try:
+            request = Request(scope, receive, sender)
             try:
-                try:
-                    response = await child_scope["endpoint"](Request(scope, receive, sender))
-                    await response(scope, receive, sender)
-                except Exception as exc:  # the route's wrap_app_handling_exceptions
-                    handler = None
-                    if isinstance(exc, HTTPException):
-                        handler = handlers[1].get(exc.status_code)
-                    if handler is None:
-                        handler = _lookup_exception_handler(handlers[0], exc)
-                    if handler is None:
-                        raise
-                    if sender.started:
-                        raise RuntimeError(
-                            "Caught handled exception, but response already started."
-                        ) from exc
-                    request: Any = Request(scope, receive, sender)
-                    if is_async_callable(handler):
-                        response = await handler(request, exc)
-                    else:
-                        response = await run_in_threadpool(handler, request, exc)
-                    if response is not None:
-                        await response(scope, receive, sender)
-                    exc.__traceback__ = None
-            except Exception:
-                sender.failed()
-                raise
-            finally:
-                sender.finished()
+                response = await route.endpoint(request)
+            except Exception as exc:
+                handled = handled_error_response(request, exc)
+                if handled is None:
+                    raise
+                response = handled
+            del request  # not kept alive by this frame for the stream's lifetime
+            await response(scope, receive, sender)
         except Exception:
+            sender.failed()
             if not sender.started:  # ServerErrorMiddleware: a plain 500, then re-raise
                 await PlainTextResponse("Internal Server Error", status_code=500)(
                     scope, receive, send
                 )
             raise
+        finally:
+            sender.finished()
 
 
-def _first_full_match(routes: list[BaseRoute], scope: Scope) -> tuple[BaseRoute, Any] | None:
-    """The route the router would pick when one matches fully (`Router.app`)."""
-    for route in routes:
-        match, child_scope = route.matches(scope)
-        if match is Match.FULL:
-            return route, child_scope
-    return None
+def _has_origin(scope: Scope) -> bool:
+    return scope["type"] == "http" and any(name == b"origin" for name, _ in scope["headers"])
 
 
 def drain(app: Starlette) -> None:

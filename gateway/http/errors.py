@@ -136,17 +136,10 @@ def gateway_error_response(exc: GatewayError) -> Response:
     return error_response(rule.status, exc.code, public_detail(exc), headers, exc.details())
 
 
-async def _on_gateway_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GatewayError)
-    # outcome of the request log line, metrics, lifecycle line
-    note_error(request, exc, rule_of(exc).signal)
-    return gateway_error_response(exc)
-
-
-async def _on_http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HttpError)
-    note_http_error(request, exc.code)
-    return error_response(exc.status, exc.code, exc.detail)
+async def _on_own_error(request: Request, exc: Exception) -> Response:
+    response = handled_error_response(request, exc)
+    assert response is not None  # installed for GatewayError and HttpError only
+    return response
 
 
 _STARLETTE_CODES: Final = {404: "not_found", 405: "method_not_allowed"}
@@ -160,7 +153,7 @@ async def _on_starlette_http_exception(request: Request, exc: Exception) -> Resp
     return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
-async def _on_client_disconnect(request: Request, exc: Exception) -> Response:
+def _on_client_disconnect(request: Request, exc: Exception) -> Response:
     # Not a server error: no traceback, no 5xx; its own outcome in the request log.
     note_http_error(request, "client_disconnect")
     return error_response(
@@ -168,8 +161,24 @@ async def _on_client_disconnect(request: Request, exc: Exception) -> Response:
     )
 
 
+def handled_error_response(request: Request, exc: Exception) -> Response | None:
+    """The error response for the gateway's own errors, None for anything else.
+
+    What the handlers installed below answer; the SSE fast path (`app.py`) calls it
+    directly for errors raised before a response starts.
+    """
+    if isinstance(exc, GatewayError):
+        # outcome of the request log line, metrics, lifecycle line
+        note_error(request, exc, rule_of(exc).signal)
+        return gateway_error_response(exc)
+    if isinstance(exc, HttpError):
+        note_http_error(request, exc.code)
+        return error_response(exc.status, exc.code, exc.detail)
+    return None
+
+
 def install_error_handlers(app: Starlette) -> None:
     app.add_exception_handler(ClientDisconnect, _on_client_disconnect)
-    app.add_exception_handler(GatewayError, _on_gateway_error)
-    app.add_exception_handler(HttpError, _on_http_error)
+    app.add_exception_handler(GatewayError, _on_own_error)
+    app.add_exception_handler(HttpError, _on_own_error)
     app.add_exception_handler(HTTPException, _on_starlette_http_exception)

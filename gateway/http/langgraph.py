@@ -28,7 +28,9 @@ from ..names import check_run_id, check_session_id
 from ..values import RunInfo
 from . import access
 from .auth import Principal
+from .frames import LANGGRAPH
 from .responses import json_response
+from .routing import SSERoute
 from .state import GatewayState, gateway_state
 from .subscriber import lookup, sse_response
 
@@ -61,6 +63,7 @@ async def join_stream(request: Request) -> Response:
         state,
         info,
         ((b"location", location.encode()),),
+        LANGGRAPH,
         expires_at=principal.expires_at,
     )
 
@@ -79,6 +82,6 @@ async def thread_run_status(request: Request) -> Response:
 
 routes: Final = [
     Route("/threads/{session_id}/runs/{run_id}", thread_run_status, methods=["GET"]),
-    Route("/threads/{session_id}/runs/{run_id}/stream", join_stream, methods=["GET"]),
-    Route("/threads/{session_id}/runs/{run_id}/join", join_stream, methods=["GET"]),
+    SSERoute("/threads/{session_id}/runs/{run_id}/stream", join_stream),
+    SSERoute("/threads/{session_id}/runs/{run_id}/join", join_stream),
 ]

@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import GatewayError
 from ..names import is_valid_id
+from .routing import SSERoute
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -94,8 +95,6 @@ def route_template(scope: Scope) -> str:
 def _kind(template: str, method: str) -> str:
     if template in ("/healthz", "/readyz", "/metrics"):
         return "ops"
-    if template.endswith("/stream") or template.endswith("/join"):
-        return "sse"
     if template.startswith("/v1/sessions"):
         return "sessions"
     if template.startswith("/v1/runs"):
@@ -113,6 +112,8 @@ def _kind(template: str, method: str) -> str:
 
 def route_kind(scope: Scope) -> str:
     """`producer`, `subscriber`, `sse`, `sessions`, `operator`, `ops` or `other`."""
+    if isinstance(scope.get("route"), SSERoute):
+        return "sse"
     return _kind(route_template(scope), str(scope.get("method", "GET")))
 
 

@@ -111,6 +111,10 @@ _SSE_200: Final = {
     " comments, and one terminal `end`, `gap` or `unavailable` frame (see docs/api.md)",
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
 }
+_SSE_TERMINAL_204: Final = {
+    "description": "The cursor is the id of an `end` or `gap` frame (`end`, `gap`): the"
+    " client already saw it; stop reconnecting"
+}
 _NULLABLE_ID: Final = {"type": ["string", "null"]}
 
 _SCHEMAS: Final[dict[str, Any]] = {
@@ -341,7 +345,11 @@ _PATHS: Final[dict[str, Any]] = {
             "summary": "Follow the run as Server-Sent Events",
             "security": _READER_AUTH,
             "parameters": [_RUN_ID, *_CURSOR_PARAMS, _ACCESS_TOKEN],
-            "responses": {"200": _SSE_200, **_errors(*_READER_ERRORS)},
+            "responses": {
+                "200": _SSE_200,
+                "204": _SSE_TERMINAL_204,
+                **_errors(*_READER_ERRORS),
+            },
         }
     },
     "/v1/runs/{run_id}/wait": {
@@ -399,6 +407,7 @@ _PATHS: Final[dict[str, Any]] = {
             "security": _READER_AUTH,
             "parameters": [_SESSION_ID, _RUN_ID, *_CURSOR_PARAMS, _ACCESS_TOKEN],
             "responses": {
+                "204": _SSE_TERMINAL_204,
                 "200": {
                     **_SSE_200,
                     "headers": {"Location": {"schema": {"type": "string"}}},
@@ -414,6 +423,7 @@ _PATHS: Final[dict[str, Any]] = {
             "security": _READER_AUTH,
             "parameters": [_SESSION_ID, _RUN_ID, *_CURSOR_PARAMS, _ACCESS_TOKEN],
             "responses": {
+                "204": _SSE_TERMINAL_204,
                 "200": {
                     **_SSE_200,
                     "headers": {"Location": {"schema": {"type": "string"}}},

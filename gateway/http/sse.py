@@ -15,7 +15,11 @@ monkey-patches uvicorn process-wide. This response keeps its behaviours:
   resource is freed;
 - graceful shutdown: when the registry drains (server exit), the bridge subscription is
   stopped, frames already read are flushed, and the response ends cleanly so clients
-  reconnect with `Last-Event-ID` after the jittered `retry:` hint.
+  reconnect with `Last-Event-ID` after the jittered `retry:` hint (or, where the
+  `Framing` says so, the AI SDK's ui-stream, ends incomplete: a dropped connection,
+  which that client resumes instead of reading it as a finished answer).
+
+What each item looks like on the wire is the response's `Framing` (`frames.py`).
 
 One task reads and writes: it takes the bridge's items in batches (`subscribe_batches`:
 everything ready at once) and writes each batch as one `send` (split at
@@ -51,16 +55,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ..errors import BackendUnavailable, BridgeClosed
 from ..values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from .errors import public_detail
-from .frames import (
-    HEARTBEAT_FRAME,
-    SHUTDOWN_FRAME,
-    TOKEN_EXPIRED_FRAME,
-    end_frame,
-    event_frame,
-    gap_frame,
-    retry_frame,
-    unavailable_frame,
-)
+from .frames import RUN, Framing
 from .metrics import Metrics, ResumeOutcome
 from .observe import lifecycle, record_of
 from .subscriptions import SubscriptionRegistry
@@ -104,6 +99,7 @@ class SSEResponse(Response):
         metrics: Metrics | None = None,
         resume: ResumeStart | None = None,
         expires_at: float | None = None,
+        framing: Framing = RUN,
     ) -> None:
         self.run_id = run_id
         self.status_code = 200
@@ -117,6 +113,7 @@ class SSEResponse(Response):
         self._metrics = metrics
         self._resume = resume
         self._expires_at = expires_at  # unix seconds: the reader's token expires then
+        self._framing = framing
         self._request_id: str | None = None
         self._started_ms = 0.0
 
@@ -137,7 +134,7 @@ class SSEResponse(Response):
                     self._count_resume("exact")
                 outcome = "send_timeout"
                 with anyio.move_on_after(self._send_timeout):
-                    body = retry_frame() + self._final_frame
+                    body = self._framing.opening() + self._final_frame
                     await send({"type": "http.response.body", "body": body, "more_body": False})
                     if self._metrics is not None:
                         self._metrics.bytes_out.inc(len(body))
@@ -185,7 +182,9 @@ class SSEResponse(Response):
             expiry = asyncio.get_running_loop().call_later(delay, stream.expire)
         batches = subscribe()
         try:
-            await self._write(send, stream, retry_frame(), 0, None, more=True)
+            opening = self._framing.opening()
+            if opening:
+                await self._write(send, stream, opening, 0, None, more=True)
             while True:
                 try:
                     await self._pump(batches, send, stream)
@@ -234,9 +233,10 @@ class SSEResponse(Response):
         while True:
             if stream.draining:
                 if stream.expired:
-                    await self._last_frame(send, stream, TOKEN_EXPIRED_FRAME, "token_expired")
+                    frame = self._framing.token_expired()
+                    await self._last_frame(send, stream, frame, "token_expired")
                 else:
-                    await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+                    await self._last_frame(send, stream, self._framing.shutdown(), "drain")
                 return
             stream.state = _READING
             try:
@@ -246,30 +246,35 @@ class SSEResponse(Response):
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
-                frame = unavailable_frame(self.run_id, public_detail(exc))
-                await self._last_frame(send, stream, frame, "unavailable")
+                detail = public_detail(exc)
+                await self._last_frame(
+                    send, stream, self._framing.unavailable(self.run_id, detail), "unavailable"
+                )
                 return
             finally:
                 stream.state = _BUSY
             if first:
                 first = False
                 self._first_item(batch[0])
+            framing = self._framing
             chunks: list[bytes] = []
             size = events = 0
             last_id: str | None = None
             for item in batch:
                 if isinstance(item, StreamEvent):
-                    frame = event_frame(item)
+                    frame = framing.event(item)
+                    if not frame:
+                        continue  # not for this kind of stream
                     events += 1
                     last_id = item.id
                 elif isinstance(item, Heartbeat):
-                    frame = HEARTBEAT_FRAME
+                    frame = framing.heartbeat()
                 else:  # End or StreamGap: the last item, and the response's last write
                     if isinstance(item, End):
-                        chunks.append(end_frame(item))
+                        chunks.append(framing.end(item))
                         stream.outcome = "end"
                     else:
-                        chunks.append(gap_frame(self.run_id, item))
+                        chunks.append(framing.gap(self.run_id, item))
                         self._gap_served(item)
                         stream.outcome = "gap"
                     await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
@@ -283,10 +288,16 @@ class SSEResponse(Response):
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 await self._write(send, stream, body, events, last_id, more=True)
 
-    async def _last_frame(self, send: Send, stream: _Stream, frame: bytes, outcome: str) -> None:
+    async def _last_frame(
+        self, send: Send, stream: _Stream, frame: bytes | None, outcome: str
+    ) -> None:
+        """End the response with `frame`; None: leave it incomplete (the server drops
+        the connection, which the framing's client reads as an interrupted stream)."""
         if outcome == "drain" and self._metrics is not None:
             self._metrics.drained.inc()
         stream.outcome = outcome
+        if frame is None:
+            return
         stream.state = _BUSY  # an interruption (drain) is over: this write may time out
         await self._write(send, stream, frame, 0, None, more=False)
 

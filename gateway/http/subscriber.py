@@ -22,8 +22,9 @@ from ..values import End, RunInfo, StreamEvent, StreamGap
 from . import access
 from .auth import Principal
 from .bodies import query_seconds, require_json
-from .frames import end_frame
+from .frames import RUN, TERMINAL_CURSORS, Framing
 from .responses import json_response
+from .routing import SSERoute
 from .sse import ResumeStart, SSEResponse
 from .state import GatewayState, gateway_state
 
@@ -70,24 +71,31 @@ def sse_response(
     state: GatewayState,
     info: RunInfo,
     extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+    framing: Framing = RUN,
     expires_at: float | None = None,
-) -> SSEResponse:
+) -> Response:
     """The SSE response for a run the reader may see (docs/protocol.md §4).
 
+    A cursor that is a terminal frame's id (`end`, `gap`) comes from a client that
+    reconnected only because the response ended after that frame: 204, which tells a
+    WHATWG `EventSource` to stop reconnecting. It has already seen the frame.
     `expires_at` (unix seconds): the reader's token expires then, and the response ends
     cleanly at that moment so the client reconnects with a fresh token and its cursor.
     """
+    cursor = cursor_of(request)
+    if cursor in TERMINAL_CURSORS:
+        return Response(status_code=204)
     common: dict[str, Any] = {
         "run_id": info.run_id,
         "registry": state.subscriptions,
         "extra_headers": extra_headers,
         "metrics": state.metrics,
         "send_timeout": state.settings.sse_send_timeout_seconds,
+        "framing": framing,
+        "resume": _resume_start(cursor),
     }
-    cursor = cursor_of(request)
-    common["resume"] = _resume_start(cursor)
     if info.ended and not info.log_exists:  # the log is gone; the record knows how it ended
-        frame = end_frame(End(info.status, info.error))  # type: ignore[arg-type]
+        frame = framing.end(End(info.status, info.error))  # type: ignore[arg-type]
         return SSEResponse(subscribe=None, final_frame=frame, **common)
     bridge = state.bridge
     return SSEResponse(
@@ -231,7 +239,7 @@ async def _disconnected(request: Request, scope: anyio.CancelScope) -> None:
 
 routes: Final = [
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
-    Route("/v1/runs/{run_id}/stream", stream_run, methods=["GET"]),
+    SSERoute("/v1/runs/{run_id}/stream", stream_run),
     Route("/v1/runs/{run_id}/wait", wait_run, methods=["GET"]),
     Route("/v1/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
 ]

@@ -28,20 +28,31 @@ class SubscriptionRegistry:
         self._changed = anyio.Event()
         self._drain_callbacks: set[Callable[[], None]] = set()
 
-    def track(self, run_id: str, kind: SubscriptionKind) -> _Tracked:
-        """Count one subscription for the duration of the `with` block."""
+    def track(self, run_id: str | None, kind: SubscriptionKind) -> _Tracked:
+        """Count one subscription for the duration of the `with` block (`run_id` None:
+        one that follows no single run, a session feed; it names its runs with
+        `watch_run` as it reaches them)."""
         return _Tracked(self, run_id, kind)
 
-    def _open(self, run_id: str, kind: SubscriptionKind) -> None:
-        self._by_kind[kind] += 1
+    def watch_run(self, run_id: str) -> None:
+        """Count a run as watched (liveness) without counting a subscription."""
         self._by_run[run_id] += 1
-        self._notify()
 
-    def _close(self, run_id: str, kind: SubscriptionKind) -> None:
-        self._by_kind[kind] -= 1
+    def unwatch_run(self, run_id: str) -> None:
         self._by_run[run_id] -= 1
         if self._by_run[run_id] <= 0:
             del self._by_run[run_id]
+
+    def _open(self, run_id: str | None, kind: SubscriptionKind) -> None:
+        self._by_kind[kind] += 1
+        if run_id is not None:
+            self.watch_run(run_id)
+        self._notify()
+
+    def _close(self, run_id: str | None, kind: SubscriptionKind) -> None:
+        self._by_kind[kind] -= 1
+        if run_id is not None:
+            self.unwatch_run(run_id)
         self._notify()
 
     def _notify(self) -> None:
@@ -104,7 +115,7 @@ class _Tracked:
 
     __slots__ = ("_kind", "_registry", "_run_id")
 
-    def __init__(self, registry: SubscriptionRegistry, run_id: str, kind: SubscriptionKind):
+    def __init__(self, registry: SubscriptionRegistry, run_id: str | None, kind: SubscriptionKind):
         self._registry = registry
         self._run_id = run_id
         self._kind = kind

@@ -10,6 +10,7 @@ the store beside the stream bridge:
 - `GET /v1/sessions/{id}/turns` -> `list_turns(session_id, limit)`
 - `DELETE /v1/sessions/{id}`    -> `delete_session(session_id, retire)`; the returned run
   ids are the logs to remove with `bridge.cleanup(run_id)`.
+- `GET /v1/sessions/{id}/ui-stream` -> `running_turn(session_id)`: the run to replay.
 
 Writes never fail a producer for session reasons: a write to a retired session is
 silently dropped (it returns False), and a message that cannot be shaped is not stored.
@@ -35,10 +36,12 @@ would block it forever. Clear's check and delete are one atomic step on both bac
 from __future__ import annotations
 
 from collections.abc import Collection
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Protocol, TypedDict, runtime_checkable
 
 from ..errors import InvalidInput
 from ..values import EndStatus
+from .watch import TurnSignal
 
 MAX_LIMIT: Final = 200
 DEFAULT_LIMIT: Final = 50
@@ -133,3 +136,14 @@ class SessionStore(Protocol):
         ...
 
     async def is_retired(self, session_id: str) -> bool: ...
+
+    async def running_turn(self, session_id: str) -> str | None:
+        """The run id of the session's running turn: its newest-created turn, when that
+        one has not ended (`running`, or parked on the operator). None otherwise (no
+        such session, retired, every turn ended or expired)."""
+        ...
+
+    def watch(self, session_id: str) -> AbstractAsyncContextManager[TurnSignal]:
+        """The session's change signal (a turn created, the session retired or cleared),
+        for the session feed; see `watch.py`."""
+        ...

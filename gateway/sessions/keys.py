@@ -9,6 +9,8 @@ script is single-slot and atomic):
     <p>session:{<sid>}:turns        zset    run_id -> turn last_updated (seconds)
     <p>session:{<sid>}:exp          zset    run_id -> turn expiry (ms; +inf while parked)
     <p>session:{<sid>}:turn:<run>   hash    rev, state, doc (the turn record JSON)
+    <p>session:{<sid>}:feed         pub/sub channel (no key): a turn was created, or the
+                                            session was retired (what session feeds wait on)
 
 Global index (both carry the `{~sessions}` tag, one slot; `~` cannot start an id):
 
@@ -42,6 +44,7 @@ class SessionKeys:
     turns: str
     exp: str
     turn_prefix: str
+    feed: str  # a pub/sub channel, not a key
 
     def turn(self, run_id: str) -> str:
         return self.turn_prefix + run_id
@@ -70,6 +73,7 @@ def session_keys(prefix: str, session_id: str) -> SessionKeys:
         turns=f"{tag}:turns",
         exp=f"{tag}:exp",
         turn_prefix=f"{tag}:turn:",
+        feed=f"{tag}:feed",
     )
 
 

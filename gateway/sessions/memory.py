@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..values import EndStatus
 from . import turns as T
 from .base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from .shaping import shape_input_message
+from .watch import ChangeSignal, TurnSignal
 
 
 @dataclass(slots=True)
@@ -57,6 +59,26 @@ class MemorySessionStore:
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
         self._tombstones: dict[str, float] = {}
+        self._signals: dict[str, ChangeSignal] = {}  # sessions with a feed open here
+
+    @asynccontextmanager
+    async def watch(self, session_id: str) -> AsyncIterator[TurnSignal]:
+        """The session's change signal, shared by its feeds in this process."""
+        signal = self._signals.get(session_id)
+        if signal is None:
+            signal = self._signals[session_id] = ChangeSignal()
+        signal.users += 1
+        try:
+            yield signal
+        finally:
+            signal.users -= 1
+            if signal.users == 0 and self._signals.get(session_id) is signal:
+                del self._signals[session_id]
+
+    def _changed(self, session_id: str) -> None:
+        signal = self._signals.get(session_id)
+        if signal is not None:
+            signal.mark_stale()
 
     # -- writes -----------------------------------------------------------------
 
@@ -177,10 +199,22 @@ class MemorySessionStore:
         if retire:
             self._tombstones.setdefault(session_id, self._clock())
         self._sessions.pop(session_id, None)
+        self._changed(session_id)
         return sorted(session.turns) if session is not None else []
 
     async def is_retired(self, session_id: str) -> bool:
         return check_session_id(session_id) in self._tombstones
+
+    async def running_turn(self, session_id: str) -> str | None:
+        if check_session_id(session_id) in self._tombstones:
+            return None
+        session = self._live_session(session_id)
+        if session is None or session.newest_run is None:
+            return None
+        turn = session.turns.get(session.newest_run)
+        if turn is None or turn.doc["state"] not in T.LIVE_STATES:
+            return None
+        return session.newest_run
 
     # -- internals --------------------------------------------------------------
 
@@ -216,3 +250,5 @@ class MemorySessionStore:
             session.newest_run, session.newest_created = run_id, created
             session.last_state = state
         session.last_updated = max(session.last_updated, float(doc["last_updated"]))
+        if new:
+            self._changed(session_id)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -38,6 +39,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
+from ..bridge.redis_fanout import Notifier
 from ..bridge.replies import as_text, ceil_ms
 from ..bridge.scripts import ensure_loaded, lua_source
 from ..errors import BackendUnavailable, SessionActive
@@ -48,6 +50,7 @@ from . import turns as T
 from .base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from .keys import SessionKeys, check_prefix, index_keys, session_keys
 from .shaping import shape_input_message
+from .watch import TurnSignal
 
 RedisClient = Redis | RedisCluster
 R = TypeVar("R")
@@ -90,9 +93,11 @@ class RedisSessionStore:
         client: RedisClient,
         *,
         limits: T.TurnLimits = T.DEFAULT_LIMITS,
+        notifier: Notifier | None = None,
     ) -> None:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
+        self._notifier = notifier  # the bridge's: session feeds wait on it
         self._running_ttl_ms = ceil_ms(settings.stream_ttl_seconds)
         self._ended_ttl_ms = ceil_ms(settings.ended_ttl_seconds)
         self._limits = limits
@@ -106,6 +111,12 @@ class RedisSessionStore:
 
     def _keys(self, session_id: str) -> SessionKeys:
         return session_keys(self._prefix, session_id)
+
+    def watch(self, session_id: str) -> AbstractAsyncContextManager[TurnSignal]:
+        """The session's feed channel, through the bridge's one pub/sub connection."""
+        if self._notifier is None:
+            raise RuntimeError("session feeds need the Redis bridge's notifier")
+        return self._notifier.watch(self._keys(session_id).feed)
 
     async def _call(self, operation: Callable[[], Awaitable[R]]) -> R:
         try:
@@ -157,6 +168,7 @@ class RedisSessionStore:
                     repr(float(doc["last_updated"])),
                     self._ttl_ms(doc["state"]),
                     PRUNE_BUDGET,
+                    keys.feed,
                 ],
             )
             status = as_text(reply[0])
@@ -229,6 +241,7 @@ class RedisSessionStore:
             self._index.both,
             ["remove", session_id, "1e308" if retire else repr(when)],
         )
+        await self._call(lambda: self._redis.publish(keys.feed, b""))  # wake its feeds
         return [as_text(run_id) for run_id in reply[1:]]
 
     async def is_retired(self, session_id: str) -> bool:
@@ -236,6 +249,24 @@ class RedisSessionStore:
         return bool(await self._call(lambda: self._redis.exists(tomb)))
 
     # -- reads ------------------------------------------------------------------
+
+    async def running_turn(self, session_id: str) -> str | None:
+        keys = self._keys(session_id)
+
+        async def newest() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.exists(keys.tomb)
+                pipe.hget(keys.meta, "newest_run")
+                return list(await pipe.execute())
+
+        retired, run_id = await self._call(newest)
+        if retired or run_id is None:
+            return None
+        run = as_text(run_id)
+        state = await self._call(lambda: self._redis.hget(keys.turn(run), "state"))
+        if state is None or as_text(state) not in T.LIVE_STATES:
+            return None  # ended, or expired (the record's own TTL)
+        return run
 
     async def list_sessions(
         self, limit: int = DEFAULT_LIMIT, parked: bool = False

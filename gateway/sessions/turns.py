@@ -28,6 +28,10 @@ log and the live stream):
   `running` / `working` (-> `running`).
 - `history`, `message` -- a message object: appended to `history` as sent (e.g. a
   steer-consumed marker carrying the operator's interjection).
+- `ui` -- an AI SDK UI message chunk (`{"type": ...}`, what `streamText(...)
+  .toUIMessageStream()` yields; the ui-stream route replays these): a `text-delta`
+  chunk's `delta` is appended to `text`; every other chunk type is kept in the run log
+  only.
 
 END (`end_turn`) sets `state` to the END status. Once a turn has ended, later events do
 not change it (only a retire/clear removes it). Malformed data for a known name (e.g. a
@@ -59,8 +63,10 @@ STATE_EVENTS: Final = frozenset({"state"})
 ARTIFACT_EVENTS: Final = frozenset({"artifact"})
 STATUS_EVENTS: Final = frozenset({"status"})
 HISTORY_EVENTS: Final = frozenset({"history", "message"})
+UI_CHUNK_EVENT: Final = "ui"
 TURN_EVENTS: Final = (
-    TEXT_APPEND_EVENTS
+    frozenset({UI_CHUNK_EVENT})
+    | TEXT_APPEND_EVENTS
     | TEXT_SET_EVENTS
     | STATE_EVENTS
     | ARTIFACT_EVENTS
@@ -179,20 +185,28 @@ def _detached_within(item: Any, limits: TurnLimits, depth: int) -> Any | None:
     return orjson.loads(encoded)
 
 
+def _set_text(turn: dict[str, Any], piece: str, append: bool, limits: TurnLimits) -> bool:
+    joined = str(turn.get("text", "")) + piece if append else piece
+    if len(joined) > limits.max_text_chars:
+        joined = joined[: limits.max_text_chars]
+        turn["truncated"] = True
+    if joined == turn.get("text"):
+        return False
+    turn["text"] = joined
+    return True
+
+
 def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -> bool:
     if name in TEXT_APPEND_EVENTS or name in TEXT_SET_EVENTS:
         piece = _text_of(data)
         if piece is None:
             return False
-        current = "" if name in TEXT_SET_EVENTS else str(turn.get("text", ""))
-        joined = current + piece
-        if len(joined) > limits.max_text_chars:
-            joined = joined[: limits.max_text_chars]
-            turn["truncated"] = True
-        if joined == turn.get("text"):
+        return _set_text(turn, piece, name in TEXT_APPEND_EVENTS, limits)
+    if name == UI_CHUNK_EVENT:
+        if not isinstance(data, dict) or data.get("type") != "text-delta":
             return False
-        turn["text"] = joined
-        return True
+        delta = data.get("delta")
+        return isinstance(delta, str) and _set_text(turn, delta, True, limits)
     if name in STATE_EVENTS:
         state = data.get("state") if isinstance(data, dict) else data
         if state not in LIVE_STATES or state == turn.get("state"):

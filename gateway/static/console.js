@@ -333,13 +333,13 @@
   // The running turn of a session (the newest one), other than `exceptRunId`.
   async function runningTurn(sessionId, exceptRunId) {
     const reply = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}/turns?limit=20`);
-    showTurns(sessionId, reply.turns);
     const running = reply.turns.filter((t) => t.state === "running" && t.run_id !== exceptRunId);
     return running.length ? running[running.length - 1].run_id : null;
   }
 
-  async function followSession(sessionId, exceptRunId) {
+  async function followSessionTurns(sessionId, exceptRunId) {
     clearTimeout(nextTurnTimer);
+    if (sessionFollow !== sessionId) loadTurns(sessionId); // the turns panel follows its feed
     sessionFollow = sessionId;
     $("#run").dataset.session = sessionId;
     const url = new URL(location.href);
@@ -366,7 +366,7 @@
   function nextTurnSoon(sessionId, exceptRunId) {
     clearTimeout(nextTurnTimer);
     nextTurnTimer = setTimeout(() => {
-      if (sessionFollow === sessionId) followSession(sessionId, exceptRunId);
+      if (sessionFollow === sessionId) followSessionTurns(sessionId, exceptRunId);
     }, NEXT_TURN_POLL_MS);
   }
 
@@ -403,7 +403,7 @@
       }
       if (!untouched()) return;
       if (found) {
-        await followSession(found, null);
+        await followSessionTurns(found, null);
         return;
       }
       await new Promise((resolve) => setTimeout(resolve, NEXT_TURN_POLL_MS));
@@ -505,38 +505,93 @@
 
   // ------------------------------------------------------------------ sessions
 
+  function turnItem(turn) {
+    const li = document.createElement("li");
+    li.dataset.runId = turn.run_id;
+    li.dataset.state = turn.state;
+    const id = document.createElement("code");
+    id.textContent = turn.run_id;
+    const st = document.createElement("span");
+    st.className = "state";
+    st.textContent = turn.state;
+    const follow = document.createElement("button");
+    follow.type = "button";
+    follow.textContent = "follow";
+    follow.addEventListener("click", () => {
+      picked = true;
+      followRun(turn.run_id, { resume: true });
+    });
+    const text = document.createElement("span");
+    text.className = "text";
+    text.textContent = turn.text || "";
+    li.append(id, st, follow, text);
+    return li;
+  }
+
   function showTurns(sessionId, turns) {
     $("#turns-session").textContent = sessionId;
     const list = $("#turns");
     list.replaceChildren();
-    for (const turn of turns) {
-      const li = document.createElement("li");
-      li.dataset.runId = turn.run_id;
-      li.dataset.state = turn.state;
-      const id = document.createElement("code");
-      id.textContent = turn.run_id;
-      const st = document.createElement("span");
-      st.className = "state";
-      st.textContent = turn.state;
-      const follow = document.createElement("button");
-      follow.type = "button";
-      follow.textContent = "follow";
-      follow.addEventListener("click", () => {
-        picked = true;
-        followRun(turn.run_id, { resume: true });
-      });
-      const text = document.createElement("span");
-      text.className = "text";
-      text.textContent = turn.text || "";
-      li.append(id, st, follow, text);
-      list.appendChild(li);
-    }
+    for (const turn of turns) list.appendChild(turnItem(turn));
   }
 
-  async function loadTurns(sessionId) {
+  // The selected session is followed live on one connection (the session feed), not
+  // one stream per run: every turn, its text as it streams, and its END.
+  let sessionFeed = null;
+
+  function turnRow(runId) {
+    for (const li of $("#turns").children) if (li.dataset.runId === runId) return li;
+    return null;
+  }
+
+  function setTurnState(li, value) {
+    li.dataset.state = value;
+    li.querySelector(".state").textContent = value;
+  }
+
+  function followSession(sessionId) {
+    if (sessionFeed) sessionFeed.close();
+    const list = $("#turns");
+    list.dataset.feed = "connecting";
+    sessionFeed = Client.followSession(BASE, sessionId, {
+      accessToken: creds().apiKey ? null : creds().accessToken || null,
+      onOpen() { list.dataset.feed = "live"; },
+      onTurn(turn) {
+        let li = turnRow(turn.run_id);
+        if (!li) {
+          li = turnItem({ run_id: turn.run_id, state: "running", text: "" });
+          list.appendChild(li);
+        }
+        li.querySelector(".text").textContent = ""; // the feed replays the turn from its start
+        setTurnState(li, "running");
+      },
+      onEvent(ev) {
+        const li = turnRow(ev.runId);
+        const text = textOf(ev.data);
+        if (!li || text === null) return;
+        const node = li.querySelector(".text");
+        if (ev.event === "token" || ev.event === "text-delta") node.textContent += text;
+        else if (ev.event === "text-set") node.textContent = text;
+      },
+      onTurnEnd(end) {
+        const li = turnRow(end.run_id);
+        if (li) setTurnState(li, end.status);
+        loadSessions();
+      },
+      async onGap() {
+        await loadTurns(sessionId, { live: false });
+        return true;
+      },
+      onEnd() { list.dataset.feed = "retired"; },
+      onError(err) { list.dataset.feed = err.fatal ? "closed" : "reconnecting"; },
+    });
+  }
+
+  async function loadTurns(sessionId, { live } = { live: true }) {
     try {
       const reply = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}/turns?limit=20`);
       showTurns(sessionId, reply.turns);
+      if (live) followSession(sessionId);
     } catch (err) {
       message(err.message, true);
     }
@@ -607,7 +662,7 @@
         if (state && state.status && state.status !== "running") nextTurnSoon(session, state.runId);
       });
     } else if (session) {
-      followSession(session, null);
+      followSessionTurns(session, null);
     } else if (params.get("run") || (wanted && (!stored.status || stored.status === "running"))) {
       $("#follow-input").value = wanted;
       followRun(wanted, { resume: true });
@@ -620,7 +675,7 @@
   }
 
   window.GatewayConsole = {
-    followRun, followSession, startDemo, loadSessions,
+    followRun, followSessionTurns, startDemo, loadSessions,
     get state() { return state; },
     get session() { return sessionFollow; },
   };

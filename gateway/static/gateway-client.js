@@ -19,8 +19,13 @@
  *   follower.lastEventId           // the id of the newest event delivered to onEvent
  *   follower.close()
  *
- * Wire rules (docs/protocol.md §4): data frames carry `id:`; `end`, `gap` and `unavailable`
- * carry none. The first connection passes the cursor as the `last_event_id` query
+ *   GatewayClient.followSession("", sessionId, {onTurn, onEvent, onTurnEnd, onGap, onEnd})
+ *                                  // every turn of a session on one connection
+ *
+ * Wire rules (docs/protocol.md §4): data frames carry `id:`; `end` and `gap` carry the
+ * terminal ids `end` / `gap` (never a cursor: a reconnect with one is answered 204, which
+ * stops an EventSource), `unavailable` carries none. The first connection passes the
+ * cursor as the `last_event_id` query
  * parameter (EventSource cannot set headers); on its own reconnects the browser sends
  * `Last-Event-ID`, which the gateway prefers over the query parameter.
  */
@@ -61,7 +66,7 @@
    * treated as a data event, but EventSource only dispatches names it has a listener
    * for, so pass `eventNames` when the producer uses names beyond the defaults
    * (`message`, `token`, `text-delta`, `text-set`, `state`, `status`, `artifact`,
-   * `history`, `metadata`, `values`, `updates`, `messages`, `custom`).
+   * `history`, `metadata`, `values`, `updates`, `messages`, `custom`, `ui`).
    */
   function follow(baseUrl, runId, options) {
     const opts = options || {};
@@ -72,7 +77,7 @@
     const maxGapRecoveries = opts.maxGapRecoveries === undefined ? 3 : opts.maxGapRecoveries;
     const eventNames = new Set([
       "message", "token", "text-delta", "text-set", "state", "status", "artifact",
-      "history", "metadata", "values", "updates", "messages", "custom",
+      "history", "metadata", "values", "updates", "messages", "custom", "ui",
       ...(opts.eventNames || []),
     ]);
     const noop = function () {};
@@ -180,6 +185,160 @@
     return follower;
   }
 
+  function sessionStreamUrl(baseUrl, sessionId, lastEventId, accessToken) {
+    const base = String(baseUrl || "").replace(/\/+$/, "");
+    const params = new URLSearchParams();
+    if (lastEventId) params.set("last_event_id", lastEventId);
+    if (accessToken) params.set("access_token", accessToken);
+    const query = params.toString();
+    return `${base}/v1/sessions/${encodeURIComponent(sessionId)}/stream${query ? "?" + query : ""}`;
+  }
+
+  /**
+   * Follow every turn of a session on one connection (the session feed). Returns
+   * `{close(), lastEventId, closed, sessionId}`; `lastEventId` is a session cursor.
+   *
+   *   onTurn({run_id, input_message, created_at})   a turn opens
+   *   onEvent({id, runId, event, data})              the turn's run events, in order
+   *   onTurnEnd({run_id, status, error?})            the turn's run ended
+   *   async onGap(gap)                               reload the turns; the client then
+   *                                                  rejoins the turn at the gap's newest
+   *                                                  retained event (or the next turn)
+   *   onEnd({status: "retired", session_id})         the session was retired; closed
+   *   onError(err), onOpen(info)                     as for `follow`
+   */
+  function followSession(baseUrl, sessionId, options) {
+    const opts = options || {};
+    const EventSourceImpl = opts.EventSource || globalThis.EventSource;
+    if (typeof EventSourceImpl !== "function") {
+      throw new Error("GatewayClient.followSession: no EventSource implementation available");
+    }
+    const maxGapRecoveries = opts.maxGapRecoveries === undefined ? 3 : opts.maxGapRecoveries;
+    const eventNames = new Set([
+      "message", "token", "text-delta", "text-set", "state", "status", "artifact",
+      "history", "metadata", "values", "updates", "messages", "custom",
+      ...(opts.eventNames || []),
+    ]);
+    const noop = function () {};
+    const onTurn = opts.onTurn || noop;
+    const onEvent = opts.onEvent || noop;
+    const onTurnEnd = opts.onTurnEnd || noop;
+    const onGap = opts.onGap || noop;
+    const onEnd = opts.onEnd || noop;
+    const onError = opts.onError || noop;
+    const onOpen = opts.onOpen || noop;
+
+    let source = null;
+    let attempt = 0;
+    let gapsInARow = 0;
+    const follower = {
+      sessionId,
+      lastEventId: opts.lastEventId || null,
+      closed: false,
+      close() {
+        follower.closed = true;
+        if (source) source.close();
+        source = null;
+      },
+    };
+
+    function runOf(cursor) {
+      const cut = String(cursor || "").indexOf("/");
+      return cut < 0 ? null : cursor.slice(0, cut);
+    }
+
+    function open() {
+      if (follower.closed) return;
+      attempt += 1;
+      const es = new EventSourceImpl(
+        sessionStreamUrl(baseUrl, sessionId, follower.lastEventId, opts.accessToken),
+        opts.withCredentials ? { withCredentials: true } : undefined,
+      );
+      source = es;
+      const cursorAtOpen = follower.lastEventId;
+      es.onopen = function () {
+        if (source === es) onOpen({ lastEventId: cursorAtOpen, attempt });
+      };
+      function mine(msg) {
+        if (source !== es) return false;
+        if (msg.lastEventId) follower.lastEventId = msg.lastEventId;
+        return true;
+      }
+      es.addEventListener("turn", function (msg) {
+        if (mine(msg)) onTurn(parse(msg.data) || {});
+      });
+      es.addEventListener("turn_end", function (msg) {
+        if (mine(msg)) onTurnEnd(parse(msg.data) || {});
+      });
+      function onData(msg) {
+        if (!mine(msg)) return;
+        gapsInARow = 0;
+        onEvent({
+          id: msg.lastEventId || null,
+          runId: runOf(msg.lastEventId),
+          event: msg.type,
+          data: parse(msg.data),
+        });
+      }
+      for (const name of eventNames) es.addEventListener(name, onData);
+
+      es.addEventListener("end", function (msg) {
+        if (source !== es) return;
+        follower.close();
+        onEnd(parse(msg.data) || {});
+      });
+
+      es.addEventListener("gap", function (msg) {
+        if (source !== es) return;
+        es.close();
+        source = null;
+        const gap = parse(msg.data) || {};
+        gapsInARow += 1;
+        if (gapsInARow > maxGapRecoveries) {
+          follower.close();
+          onError({ code: "gap_recovery_exhausted", detail: null, fatal: true });
+          return;
+        }
+        Promise.resolve()
+          .then(function () { return onGap(gap, { attempt: gapsInARow }); })
+          .then(
+            function (verdict) {
+              if (follower.closed || verdict === false) {
+                follower.close();
+                return;
+              }
+              follower.lastEventId = gap.latest_available_event_id
+                ? `${gap.run_id}/${gap.latest_available_event_id}`
+                : `${gap.run_id}/end`;
+              open();
+            },
+            function (err) {
+              follower.close();
+              onError({ code: "gap_recovery_failed", detail: String(err), fatal: true });
+            },
+          );
+      });
+
+      es.addEventListener("unavailable", function (msg) {
+        if (source !== es) return;
+        onError({ code: "unavailable", detail: parse(msg.data), fatal: false });
+      });
+
+      es.onerror = function () {
+        if (source !== es) return;
+        if (es.readyState === 2) {
+          follower.close();
+          onError({ code: "stream_failed", detail: null, fatal: true });
+        } else {
+          onError({ code: "reconnecting", detail: null, fatal: false });
+        }
+      };
+    }
+
+    open();
+    return follower;
+  }
+
   /** Fetch JSON from the gateway (GET by default); throws on a non-2xx reply. */
   async function getJson(baseUrl, path, options) {
     const opts = options || {};
@@ -217,5 +376,8 @@
     return { run, turns, turn };
   }
 
-  return { follow, streamUrl, getJson, reloadDurableState, version: "1" };
+  return {
+    follow, followSession, streamUrl, sessionStreamUrl, getJson, reloadDurableState,
+    version: "1",
+  };
 });

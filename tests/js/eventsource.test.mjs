@@ -7,6 +7,7 @@
 // than that gets a gap.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { producerPost } from "./gateway.mjs";
 import { createRequire } from "node:module";
 import { EventSource } from "eventsource";
 
@@ -19,18 +20,8 @@ const MAX_EVENTS = Number(process.env.GATEWAY_MAX_EVENTS);
 assert.ok(BASE && KEY && MAX_EVENTS, "GATEWAY_URL, GATEWAY_API_KEY, GATEWAY_MAX_EVENTS");
 
 const AUTH = { Authorization: `Bearer ${KEY}` };
+const post = producerPost(BASE, AUTH);
 const TIMEOUT = 15_000;
-
-async function post(path, body, headers = {}) {
-  const response = await fetch(BASE + path, {
-    method: "POST",
-    headers: { "Content-Type": "application/json", ...AUTH, ...headers },
-    body: JSON.stringify(body),
-  });
-  const reply = await response.json();
-  assert.ok(response.ok, `POST ${path}: ${response.status} ${JSON.stringify(reply)}`);
-  return reply;
-}
 
 async function claim(body = {}) {
   const reply = await post("/v1/runs", body);

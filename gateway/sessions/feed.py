@@ -1,0 +1,246 @@
+"""The session feed: every turn of a session, in order, as one subscription.
+
+`follow_session` yields steps `(run_id, items)`: the run the items belong to (None for
+`RETIRED` and heartbeats between turns) and a non-empty list of
+
+- `TurnOpened`  a turn begins (its run id and stored input message);
+- `StreamEvent` the run's own events, as the bridge delivers them;
+- `End`         the turn's run ended (`turn_end`); the feed goes on with the next turn;
+- `StreamGap`   the run's gap rules fired inside the turn; the feed ends after it;
+- `RETIRED`     the session was retired; the feed ends after it;
+- `HEARTBEAT`   idle for the heartbeat interval (inside a turn: the bridge's own).
+
+Turns are taken in creation order (`created_at`, then run id) from the session's turn
+records. With no cursor the feed starts at the newest turn that has not ended, from its
+first event, or, when none is live, waits for a turn created after the newest one it
+saw. Between turns it waits on the session's change signal (`watch.py`), re-reading the
+turns only when the signal moved: no Redis connection and no poll per feed. Reading a
+turn's run subscribes to the bridge like any run reader, so the run's gap and END rules
+apply unchanged; `on_turn(run_id)` / `on_turn(None)` tell the caller which run it
+follows (the HTTP layer has the liveness monitor watch it).
+
+Retirement removes the session's run logs: a reader inside a turn then gets the bridge's
+`stream_removed` gap, which the feed turns into `RETIRED` when the session is retired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+
+from ..bridge.base import StreamBridge
+from ..errors import BridgeClosed
+from ..values import HEARTBEAT, End, Heartbeat, StreamEvent, StreamGap
+from . import turns as T
+from .base import MAX_LIMIT, SessionStore
+from .cursor import TURN_START, SessionCursor
+from .watch import TurnSignal
+
+CLOSE_TIMEOUT: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOpened:
+    run_id: str
+    input_message: Any  # the stored (shaped) operator message, or None
+    created_at: float
+
+
+class Retired:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RETIRED"
+
+
+RETIRED: Final = Retired()
+
+FeedItem = TurnOpened | StreamEvent | End | StreamGap | Retired | Heartbeat
+FeedStep = tuple[str | None, Sequence[FeedItem]]
+TurnKey = tuple[float, str]
+
+
+def _key(turn: dict[str, Any]) -> TurnKey:
+    return (float(turn["created_at"]), str(turn["run_id"]))
+
+
+def _opened(turn: dict[str, Any]) -> TurnOpened:
+    history = turn.get("history") or []
+    first = history[0] if history else None
+    message = first if isinstance(first, dict) and first.get("role") == "user" else None
+    return TurnOpened(str(turn["run_id"]), message, float(turn["created_at"]))
+
+
+# The session's turns as read at a change count of its signal, shared by the feeds of
+# that session in this process: a new turn wakes them all at once, and each would read
+# the same list. A read begun at change count c holds every turn created up to c.
+_SHARED: weakref.WeakKeyDictionary[Any, tuple[int, asyncio.Future[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _turns(
+    store: SessionStore, session_id: str, signal: TurnSignal, changes: int, *, fresh: bool = False
+) -> list[dict[str, Any]]:
+    """The turns in feed order; taken from a read made at `changes` unless `fresh` (a
+    feed's first read: it picks the live turn by state, which changes unannounced)."""
+    entry = _SHARED.get(signal)
+    if not fresh and entry is not None and entry[0] == changes:
+        shared: list[dict[str, Any]] | None = await asyncio.shield(entry[1])
+        if shared is not None:
+            return shared
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    _SHARED[signal] = (changes, future)
+    turns: list[dict[str, Any]] | None = None
+    try:
+        turns = await store.list_turns(session_id, MAX_LIMIT)
+        turns.sort(key=_key)
+        return turns
+    finally:
+        future.set_result(turns)  # None: those who joined read for themselves
+
+
+def _removed(position: str | None) -> StreamGap:
+    return StreamGap(position, None, None, "stream_removed")
+
+
+class _Turn:
+    """The turn being followed: its run, where to resume it, its place in the order."""
+
+    __slots__ = ("key", "position", "run_id")
+
+    def __init__(self, run_id: str, position: str, key: TurnKey | None) -> None:
+        self.run_id = run_id
+        self.position = position
+        self.key = key
+
+
+async def follow_session(
+    bridge: StreamBridge,
+    store: SessionStore,
+    session_id: str,
+    cursor: SessionCursor | None,
+    heartbeat_interval: float,
+    on_turn: Callable[[str | None], None] = lambda _run_id: None,
+) -> AsyncGenerator[FeedStep, None]:
+    """Follow the session from `cursor` (see the module doc); `gap`/`retired` cursors
+    are the caller's to answer (they never reach here)."""
+    async with store.watch(session_id) as signal:
+        seen = signal.changes
+        if await store.is_retired(session_id):
+            yield (None, [RETIRED])
+            return
+        turns = await _turns(store, session_id, signal, seen, fresh=True)
+        current: _Turn | None = None
+        after: TurnKey | None = None  # the next turn is the first created after this
+        if cursor is None:
+            live = [t for t in turns if not T.is_ended(t.get("state"))]
+            if live:
+                opened = _opened(live[-1])
+                yield (opened.run_id, [opened])
+                current = _Turn(opened.run_id, TURN_START, _key(live[-1]))
+            elif turns:
+                after = _key(turns[-1])
+        else:
+            assert cursor.run_id is not None
+            known = {str(t["run_id"]): t for t in turns}
+            turn = known.get(cursor.run_id)
+            key = _key(turn) if turn is not None else None
+            info = await bridge.get_run(cursor.run_id)
+            if info is None or info.session_id != session_id:
+                # gone (expired), or never a turn of this session: the same answer
+                yield (cursor.run_id, [_removed(cursor.event_id)])
+                return
+            if key is None:
+                key = (info.created_at, info.run_id)  # its turn record expired first
+            if cursor.kind == "end":
+                after = key
+            else:
+                assert cursor.event_id is not None
+                current = _Turn(cursor.run_id, cursor.event_id, key)
+        idle_since = time.monotonic()
+        while True:
+            if current is None:
+                if signal.closed:
+                    raise BridgeClosed("the stream bridge closed")
+                nxt = next((t for t in turns if after is None or _key(t) > after), None)
+                if nxt is None:
+                    if signal.changes == seen:
+                        waited = time.monotonic() - idle_since
+                        if waited >= heartbeat_interval:
+                            yield (None, [HEARTBEAT])
+                            idle_since = time.monotonic()
+                            continue
+                        await signal.wait(heartbeat_interval - waited)
+                        if signal.changes == seen:
+                            continue
+                    seen = signal.changes
+                    if await store.is_retired(session_id):
+                        yield (None, [RETIRED])
+                        return
+                    turns = await _turns(store, session_id, signal, seen)
+                    continue
+                opened = _opened(nxt)
+                yield (opened.run_id, [opened])
+                current = _Turn(opened.run_id, TURN_START, _key(nxt))
+            ended = False
+            async for step in _follow_turn(bridge, store, session_id, current, on_turn):
+                yield step
+                last = step[1][-1]
+                if isinstance(last, StreamGap | Retired):
+                    return
+                ended = isinstance(last, End)
+            if not ended:
+                return  # (the bridge ended the subscription without a terminal item)
+            after, current = current.key, None
+            idle_since = time.monotonic()
+            seen = signal.changes
+            if await store.is_retired(session_id):
+                yield (None, [RETIRED])
+                return
+            turns = await _turns(store, session_id, signal, seen)
+
+
+async def _follow_turn(
+    bridge: StreamBridge,
+    store: SessionStore,
+    session_id: str,
+    turn: _Turn,
+    on_turn: Callable[[str | None], None],
+) -> AsyncGenerator[FeedStep, None]:
+    """The run's own items, from the turn's position to its END (or a gap)."""
+    run_id = turn.run_id
+    info = await bridge.get_run(run_id)
+    if info is None or info.session_id != session_id:
+        yield (run_id, [_removed(turn.position)])  # (as the run stream: the cursor asked)
+        return
+    if info.ended and not info.log_exists:
+        # the log is gone; the record knows how the run ended (as on a run stream)
+        yield (run_id, [End(info.status, info.error)])  # type: ignore[arg-type]
+        return
+    on_turn(run_id)
+    batches = bridge.subscribe_batches(run_id, turn.position, None)
+    try:
+        async for batch in batches:
+            last = batch[-1]
+            removed = isinstance(last, StreamGap) and last.reason == "stream_removed"
+            if removed and await store.is_retired(session_id):
+                if len(batch) > 1:
+                    yield (run_id, batch[:-1])
+                yield (None, [RETIRED])
+                return
+            yield (run_id, batch)
+            if isinstance(last, End | StreamGap):
+                return
+    finally:
+        on_turn(None)
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                await aclose()
