@@ -6,6 +6,8 @@
 2. `publish_many` (fenced, trimmed, batches of 50) vs a raw pipelined XADD of the same
    payloads (target >= 0.5 of raw).
 3. END publication with the legacy scan on vs off at 10,000 retained events.
+4. Numbered publishes (`seq=N`) against plain ones, at 10 and 100,000 retained, in
+   alternating rounds: numbering adds O(1) work and the cost stays flat in history.
 
 Run: .venv/bin/python bench/bridge_publish.py [--quick]
 """
@@ -13,6 +15,7 @@ Run: .venv/bin/python bench/bridge_publish.py [--quick]
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
@@ -48,6 +51,39 @@ async def _publish_cost(url: str, retained: int, n: int) -> float:
         samples.append((time.perf_counter() - start) / n)
     await bridge.close()
     return statistics.median(samples)
+
+
+async def _numbered_costs(url: str, n: int) -> dict[tuple[int, bool], float]:
+    """Median seconds of a single-event publish, numbered (`publish_many(..., seq=N)`) or
+    not, on runs holding 10 and 100,000 events (trimming one entry per publish), the four
+    kinds taking turns call by call."""
+    runs: dict[int, tuple[RedisStreamBridge, str, str]] = {}
+    for retained in (10, 100_000):
+        settings = Settings(redis_url=url, max_events_per_run=retained, redis_key_prefix="bench:")
+        bridge = RedisStreamBridge.connect(settings)
+        run = f"numbered-{retained}-{time.monotonic_ns()}"
+        claim = await bridge.claim(run, takeover=True)
+        for left in range(retained, 0, -500):
+            batch = [("token", PAYLOAD)] * min(500, left)
+            await bridge.publish_many(run, batch, producer_token=claim.token)
+        runs[retained] = (bridge, run, claim.token)
+    seqs = {10: 1, 100_000: 1}
+    keys = list(itertools.product(runs, (False, True)))
+    samples: dict[tuple[int, bool], list[float]] = {key: [] for key in keys}
+    for _ in range(n):  # one call of each kind in turn: drift falls on all four alike
+        for retained, numbered in keys:
+            bridge, run, token = runs[retained]
+            start = time.perf_counter()
+            if numbered:
+                one = [("token", PAYLOAD)]
+                await bridge.publish_many(run, one, producer_token=token, seq=seqs[retained])
+                seqs[retained] += 1
+            else:
+                await bridge.publish(run, "token", PAYLOAD, producer_token=token)
+            samples[(retained, numbered)].append(time.perf_counter() - start)
+    for bridge, _, _ in runs.values():
+        await bridge.close()
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 async def _publish_many_vs_raw(url: str, batches: int) -> tuple[float, float]:
@@ -107,6 +143,14 @@ async def main(quick: bool) -> None:
         print(f"publish cost, 10 retained:      {small * 1e6:8.1f} us/event")
         print(f"publish cost, 100,000 retained: {large * 1e6:8.1f} us/event")
         print(f"ratio 100k/10:                  {large / small:8.3f}  (target <= 1.15)")
+        costs = await _numbered_costs(server.url, 1_000 if quick else 4_000)
+        for numbered in (False, True):
+            kind = "numbered" if numbered else "plain   "
+            small_c, large_c = costs[(10, numbered)], costs[(100_000, numbered)]
+            print(
+                f"interleaved, {kind}: 10 retained {small_c * 1e6:7.1f} us, 100,000 retained "
+                f"{large_c * 1e6:7.1f} us, ratio {large_c / small_c:5.3f}  (target <= 1.15)"
+            )
 
         bridge_rate, raw_rate = await _publish_many_vs_raw(server.url, 200 if quick else 1_000)
         print(f"publish_many x50 (fenced, trimmed): {bridge_rate:10.0f} events/s")

@@ -18,6 +18,9 @@ from .errors import (
     ProducerFenced,
     RunNotFound,
     RunOwned,
+    SequenceConflict,
+    SequenceGap,
+    SequenceRefused,
     StreamEnded,
 )
 from .settings import Settings
@@ -61,6 +64,9 @@ __all__ = [
     "RunInfo",
     "RunNotFound",
     "RunOwned",
+    "SequenceConflict",
+    "SequenceGap",
+    "SequenceRefused",
     "Settings",
     "StreamBridge",
     "StreamEnded",

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     import anyio
     import uvicorn
 
-    from .bridge.base import StreamBridge
 
 EXIT_CONFIG: Final = 2
 EXIT_STARTUP_FAILURE: Final = 3
@@ -163,16 +162,44 @@ def _display_base_url(server: uvicorn.Server, settings: Settings) -> str:
 
 
 async def _demo_when_started(
-    server: uvicorn.Server, started: anyio.Event, bridge: StreamBridge, settings: Settings
+    server: uvicorn.Server, started: anyio.Event, settings: Settings, api_key: str | None
 ) -> None:
     from .demo import run_demo
 
     await started.wait()  # only once the port accepts connections
+    url = _display_base_url(server, settings)
     await run_demo(
-        bridge,
-        base_url=_display_base_url(server, settings),
+        url,
+        api_key,
         auth_hint="api_key" if settings.api_keys else "token" if settings.jwt_secret else "none",
     )
+
+
+class _Demo:
+    """The demo producer's task. It is stopped first at shutdown, while the server still
+    accepts requests: it is a producer over HTTP, and it ENDs its run on the way out."""
+
+    def __init__(self) -> None:
+        import anyio
+
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+
+    async def run(
+        self, server: uvicorn.Server, started: anyio.Event, settings: Settings, key: str | None
+    ) -> None:
+        try:
+            with self.scope:
+                await _demo_when_started(server, started, settings, key)
+        finally:
+            self.done.set()
+
+    async def stop(self) -> None:
+        import anyio
+
+        self.scope.cancel()
+        with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+            await self.done.wait()
 
 
 class _StopSignals:
@@ -205,6 +232,12 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
     from .http.app import create_app
     from .http.server import GatewayServer, server_config
 
+    demo_key: str | None = None
+    shown = settings  # what the demo's log lines describe: the gateway as configured
+    if demo:
+        from .demo import with_demo_key
+
+        settings, demo_key = with_demo_key(settings)  # the demo is a producer like any other
     async with open_bridge(settings) as bridge:
         app = create_app(settings, bridge=bridge)
         config = server_config(
@@ -216,6 +249,7 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         )
         started = anyio.Event()
+        demo_task = _Demo() if demo else None
 
         class Server(GatewayServer):  # drains SSE responses when shutdown starts
             async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -223,13 +257,18 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
                 if self.started:
                     started.set()
 
+            async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+                if demo_task is not None:
+                    await demo_task.stop()
+                await super().shutdown(sockets)
+
         server = Server(config, app)
         stop.server = server
         server.should_exit = stop.received
         exit_code = 0
         async with anyio.create_task_group() as tg:
-            if demo:
-                tg.start_soon(_demo_when_started, server, started, bridge, settings)
+            if demo_task is not None:
+                tg.start_soon(demo_task.run, server, started, shown, demo_key)
             try:
                 await server.serve()
             except SystemExit as exc:  # uvicorn's startup failure (e.g. port in use)
@@ -297,15 +336,13 @@ def demo_command(
     """Stream synthetic answers into a running gateway over HTTP."""
     import anyio
 
-    from .demo import run_demo_http
+    from .demo import run_demo
     from .logging import configure_logging
 
     key = next((k.strip() for k in (api_key or "").split(",") if k.strip()), None)
     configure_logging("text")
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(
-            lambda: run_demo_http(url, key, token_delay=token_delay, pause=pause, max_runs=runs)
-        )
+        anyio.run(lambda: run_demo(url, key, token_delay=token_delay, pause=pause, max_runs=runs))
 
 
 @cli.command()

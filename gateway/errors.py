@@ -12,12 +12,17 @@ Exception
 │   ├── SessionMismatch        claim naming a session the run is not in
 │   ├── StreamEnded            write after END
 │   │   └── RunEndedOnClaim    claim of a run whose log already ends (gateway.http.errors)
+│   ├── SequenceRefused        a numbered batch that cannot be applied as numbered
+│   │   ├── SequenceGap        it starts past the next expected number (`expected`)
+│   │   └── SequenceConflict   it overlaps applied events but is not the last batch
 │   ├── SessionActive          clear (retire=false) refused: a turn is still running
 │   ├── BridgeClosed           the bridge was closed
 │   ├── BackendUnavailable     Redis unreachable or failing
 │   ├── Unauthorized           missing or invalid credentials
 │   │   └── TokenExpired       a subscriber token past its `exp`
-│   └── Forbidden              valid credentials that do not cover this run/session
+│   ├── Forbidden              valid credentials that do not cover this run/session
+│   └── RequestRefused         an error answer the producer client has no narrower type
+│                              for (gateway.producer)
 ├── HttpError                  an HTTP-level problem with its own status and code, such as
 │                              invalid JSON or a missing header (gateway.http.errors)
 └── ConfigError                a startup configuration problem: one line, exit code 2 (gateway.cli)
@@ -35,6 +40,10 @@ class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
 
     code = "gateway_error"
+
+    def details(self) -> dict[str, object]:
+        """Fields an error response carries besides `error` and `detail`."""
+        return {}
 
 
 class InvalidInput(GatewayError, ValueError):
@@ -74,6 +83,27 @@ class SessionMismatch(GatewayError):
 
 class StreamEnded(GatewayError):
     code = "ended"
+
+
+class SequenceRefused(GatewayError):
+    """A numbered batch refused without being applied; `expected` is the next number."""
+
+    code = "sequence_refused"
+
+    def __init__(self, message: str, expected: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+    def details(self) -> dict[str, object]:
+        return {"expected_seq": self.expected}
+
+
+class SequenceGap(SequenceRefused):
+    code = "sequence_gap"
+
+
+class SequenceConflict(SequenceRefused):
+    code = "sequence_conflict"
 
 
 class SessionActive(GatewayError):

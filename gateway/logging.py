@@ -123,3 +123,6 @@ def configure_logging(log_format: LogFormat = "text", level: int | str = logging
             uv.removeHandler(old)
         uv.propagate = True
         uv.setLevel(level)
+    # The producer client's HTTP library logs every request at INFO; the gateway's own
+    # request log already has one line per request.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -134,6 +134,9 @@ class PublishResult:
     ids: tuple[str, ...]
     cancel_requested: bool
     session_id: str | None = None  # the run's session, so callers can update its turn
+    # A numbered batch that had been applied before (a retry): `ids` are the ids first
+    # assigned and nothing was appended, so callers must not count or record it again.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@
 -- ARGV[3]  rolling TTL of the run's keys, ms
 -- ARGV[4]  the largest notification that carries the events themselves, bytes
 -- ARGV[5]  trim slack: events past ARGV[2] tolerated before trimming (0: always exact)
--- ARGV[6..] event name, JSON payload, event name, JSON payload, ...
+-- ARGV[6]  the batch's producer sequence number, "" when unnumbered (see below)
+-- ARGV[7..] event name, JSON payload, event name, JSON payload, ...
 --
 -- Every publish renews the lease by the length the producer claimed it for, and
 -- PUBLISHes on the channel named like the log key so following gateways wake. The
@@ -32,6 +33,8 @@
 -- stream, so readers can always tell what they missed.
 --
 -- Returns {"ok", cancel_requested (0|1), session_id_or_"", id, id, ...}
+--       | {"duplicate", cancel_requested (0|1), session_id_or_"", "id id ..."}
+--       | {"sequence_gap" | "sequence_conflict", next_expected_seq}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
 local now_parts = redis.call('TIME')
@@ -56,6 +59,30 @@ if tonumber(meta[2] or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 
+-- Numbered appends, the last check before writing. The numbering belongs to one token
+-- (a takeover starts a new one): seq_tok, seq_next (next expected number), seq_first and
+-- seq_ids (the first number and the ids of the last applied batch). A retry of that
+-- batch gets its ids back and appends nothing; a batch past seq_next is a gap; any other
+-- overlap is a conflict.
+local batch_seq = tonumber(ARGV[6])
+local count = (#ARGV - 6) / 2
+if batch_seq then
+  local s = redis.call('HMGET', KEYS[1], 'seq_tok', 'seq_next', 'seq_first', 'seq_ids')
+  local mine = s[1] == ARGV[1]
+  local expected = mine and tonumber(s[2]) or 1
+  if batch_seq > expected then
+    return {'sequence_gap', expected}
+  end
+  if batch_seq < expected then
+    if mine and batch_seq == tonumber(s[3]) and batch_seq + count == expected then
+      -- A retry: nothing is appended; like any publish it renews the lease.
+      redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', now + tonumber(meta[5])))
+      return {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or '', s[4]}
+    end
+    return {'sequence_conflict', expected}
+  end
+end
+
 -- No log but the run handed out ids before: it was removed under a live producer.
 local floor = nil
 local next_id = '*'
@@ -73,8 +100,7 @@ end
 local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
 local push = {}
 local push_bytes = 0
-local count = (#ARGV - 5) / 2
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local id = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
   next_id = '*'
   reply[#reply + 1] = id
@@ -84,6 +110,12 @@ for i = 6, #ARGV, 2 do
   end
 end
 local last = reply[#reply]
+
+if batch_seq then
+  redis.call('HSET', KEYS[1], 'seq_tok', ARGV[1],
+    'seq_next', string.format('%d', batch_seq + count),
+    'seq_first', ARGV[6], 'seq_ids', table.concat(reply, ' ', 4))
+end
 
 local maxlen = tonumber(ARGV[2])
 local length = (tail and tonumber(meta[9] or '0') or 0) + count

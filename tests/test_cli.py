@@ -342,6 +342,29 @@ def test_serve_demo_streams_tokens_then_end(start_server: Callable[..., Server])
 
 
 @needs_app
+def test_serve_demo_turns_are_turns_of_the_demo_session(
+    start_server: Callable[..., Server],
+) -> None:
+    """`serve --demo` is a producer like any other: its turn is in the session `demo`
+    while it streams (what the console opens on), also when the gateway needs keys."""
+    server = start_server("--demo", env=clean_env(GATEWAY_API_KEYS="operator-key"))
+    server.wait_healthy()
+    wait_for(lambda: WATCH_RE.search(server.log()), 15, "the demo's curl line")
+    headers = {"Authorization": "Bearer operator-key"}
+
+    def streaming_turn() -> Any:
+        reply = httpx.get(f"{server.base}/v1/sessions/demo/turns", headers=headers, timeout=5)
+        turns = reply.json()["turns"]
+        return turns and turns[-1]["state"] == "running" and turns[-1]["text"] and turns[-1]
+
+    turn = wait_for(streaming_turn, 15, "the demo turn streaming in its session")
+    assert turn["history"][0]["role"] == "user"
+    assert f"open the console: {server.base}/?session=demo" in server.log()
+    assert "operator-key" not in server.log()
+    assert server.terminate() == 0
+
+
+@needs_app
 def test_sigterm_with_an_open_stream_exits_0_promptly(
     start_server: Callable[..., Server],
 ) -> None:

@@ -246,6 +246,36 @@ async def test_demo_turn_from_the_page_survives_reload_and_screenshot() -> None:
         assert (ARTIFACTS / "console.png").stat().st_size > 10_000
 
 
+async def test_the_console_opens_on_the_demo_session_with_its_turn_streaming() -> None:
+    """A newcomer's first minute: the demo streams, the page at `/` shows it, nothing to
+    copy from a log line; the session's next turn opens by itself."""
+    from gateway.demo import DEMO_SESSION, run_demo
+
+    async with console() as (srv, client, page), anyio.create_task_group() as tg:
+        tg.start_soon(lambda: run_demo(srv.base_url, token_delay=0.03, pause=0.3, max_runs=3))
+        await page.goto(f"{srv.base_url}/")
+        await page.wait_for_selector(f'#run[data-session="{DEMO_SESSION}"]', state="attached")
+        await page.wait_for_selector("#answer .token", state="attached")
+        first_run = await page.text_content("#run-id")
+        assert first_run is not None and first_run.startswith("demo-")
+        run = (await client.get(f"/v1/runs/{first_run}")).json()
+        assert run["session_id"] == DEMO_SESSION
+        # Streaming: tokens keep arriving while the run is running.
+        count = len(await rendered_tokens(page))
+        await page.wait_for_function(
+            f"document.querySelectorAll('#answer .token').length > {count}", timeout=WAIT_MS
+        )
+        assert "session=demo" in page.url
+        # The next turn of the session opens here when it starts.
+        await page.wait_for_function(
+            f"document.querySelector('#run-id').textContent !== {first_run!r}"
+            " && document.querySelector('#run-id').textContent.startsWith('demo-')",
+            timeout=WAIT_MS,
+        )
+        await wait_status(page, "running")
+        tg.cancel_scope.cancel()
+
+
 async def test_selected_session_follows_every_turn_on_one_stream() -> None:
     """Selecting a session follows it live through the session feed: new turns appear
     and stream in the turns panel, with one SSE response open for all of them."""

@@ -1,4 +1,9 @@
-"""The demo producer against the in-process memory bridge, and the log formatters."""
+"""The demo producer against a real gateway (memory and Redis), and the log formatters.
+
+The demo writes through the HTTP producer API with the producer client, so its turns
+are turns of the session `demo` like any producer's: the tests read them back from the
+session routes and the run streams.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +11,31 @@ import io
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
+import httpx
 import pytest
 
-from gateway.bridge.memory import MemoryStreamBridge
-from gateway.demo import DEMO_SESSION, demo_tokens, run_demo, watch_command
+from gateway.demo import (
+    DEMO_SESSION,
+    PARAGRAPH,
+    QUESTION,
+    console_url,
+    demo_tokens,
+    run_demo,
+    watch_command,
+    with_demo_key,
+)
 from gateway.logging import JsonFormatter, RedactAccessTokenFilter, TextFormatter
 from gateway.settings import Settings
-from gateway.values import End, StreamEvent
+from tests import http_server
+from tests.http_server import RunningServer
+from tests.sse_client import read_stream
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
-
-
-@pytest.fixture
-async def bridge() -> AsyncIterator[MemoryStreamBridge]:
-    b = MemoryStreamBridge(Settings.model_validate({"heartbeat_interval_seconds": 0.2}))
-    try:
-        yield b
-    finally:
-        await b.close()
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+gateway_server = http_server.gateway_server
+client = http_server.client
 
 
 class Collect(logging.Handler):
@@ -58,59 +68,85 @@ def run_ids(handler: Collect) -> list[str]:
     return [str(r.__dict__["run_id"]) for r in handler.records if "watch it with" in r.getMessage()]
 
 
-async def read_all(bridge: MemoryStreamBridge, run_id: str) -> tuple[list[str], End | None]:
-    texts: list[str] = []
-    end: End | None = None
-    with anyio.fail_after(10):
-        async for item in bridge.subscribe(run_id):
-            if isinstance(item, StreamEvent):
-                assert item.event == "token"
-                texts.append(item.value()["text"])
-            elif isinstance(item, End):
-                end = item
-                break
-    return texts, end
+async def read_run(client: httpx.AsyncClient, run_id: str) -> tuple[list[str], str]:
+    """The texts of a run's token events and its END status."""
+    with anyio.fail_after(15):
+        result = await read_stream(client, f"/v1/runs/{run_id}/stream")
+    assert all(frame.event == "token" for frame in result.events)
+    assert result.terminal is not None and result.terminal.event == "end"
+    return [frame.json()["text"] for frame in result.events], result.terminal.json()["status"]
 
 
-async def test_demo_streams_a_paragraph_then_ends(
-    bridge: MemoryStreamBridge, demo_log: Collect
+async def turns(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    reply = await client.get(f"/v1/sessions/{DEMO_SESSION}/turns")
+    assert reply.status_code == 200, reply.text
+    found: list[dict[str, Any]] = reply.json()["turns"]
+    return found
+
+
+async def test_demo_turns_are_turns_of_the_demo_session(
+    gateway_server: RunningServer, client: httpx.AsyncClient, demo_log: Collect
 ) -> None:
-    done = await run_demo(bridge, base_url="http://127.0.0.1:9", token_delay=0, pause=0, max_runs=2)
+    url = gateway_server.base_url
+    done = await run_demo(url, display_url="http://127.0.0.1:9", token_delay=0, pause=0, max_runs=2)
     assert done == 2
     ids = run_ids(demo_log)
     assert len(ids) == 2 and ids[0] != ids[1]
     for run_id in ids:
-        texts, end = await read_all(bridge, run_id)
-        assert "".join(texts) == "".join(demo_tokens())
-        assert len(texts) > 10
-        assert end is not None and end.status == "success"
-        info = await bridge.get_run(run_id)
-        assert info is not None and info.session_id == DEMO_SESSION
-    message = next(r.getMessage() for r in demo_log.records if "watch it with" in r.getMessage())
-    assert f"curl -N http://127.0.0.1:9/v1/runs/{ids[0]}/stream" in message
+        texts, status = await read_run(client, run_id)
+        assert "".join(texts) == PARAGRAPH and status == "success"
+    # The session knows them: the index, and each turn with its question and answer.
+    index = (await client.get("/v1/sessions")).json()["sessions"]
+    assert [(row["session_id"], row["turn_count"]) for row in index] == [(DEMO_SESSION, 2)]
+    recorded = await turns(client)
+    assert [t["run_id"] for t in recorded] == ids
+    for turn in recorded:
+        assert turn["text"] == PARAGRAPH and turn["state"] == "success"
+        assert turn["history"][0]["role"] == "user"
+        assert turn["history"][0]["parts"] == [{"kind": "text", "text": QUESTION}]
+    messages = [r.getMessage() for r in demo_log.records]
+    assert f"open the console: {console_url('http://127.0.0.1:9')}" in messages[0]
+    watch = next(m for m in messages if "watch it with" in m)
+    assert f"curl -N http://127.0.0.1:9/v1/runs/{ids[0]}/stream" in watch
+
+
+async def test_the_running_demo_turn_is_visible_in_the_session_while_it_streams(
+    gateway_server: RunningServer, client: httpx.AsyncClient, demo_log: Collect
+) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: run_demo(gateway_server.base_url, token_delay=0.02, max_runs=1))
+        with anyio.fail_after(10):
+            await demo_log.run_started.wait()
+            while True:  # the session's turn fills up while the run is still running
+                (turn,) = await turns(client)
+                if turn["state"] == "running" and turn["text"]:
+                    break
+                await anyio.sleep(0.02)
+        assert PARAGRAPH.startswith(turn["text"]) and turn["text"] != PARAGRAPH
+    assert [t["state"] for t in await turns(client)] == ["success"]
 
 
 async def test_cancelling_the_demo_ends_its_run_interrupted(
-    bridge: MemoryStreamBridge, demo_log: Collect
+    gateway_server: RunningServer, client: httpx.AsyncClient, demo_log: Collect
 ) -> None:
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: run_demo(bridge, token_delay=0.01))
+        tg.start_soon(lambda: run_demo(gateway_server.base_url, token_delay=0.01))
         with anyio.fail_after(5):
             await demo_log.run_started.wait()
         tg.cancel_scope.cancel()
     (run_id,) = run_ids(demo_log)
-    _, end = await read_all(bridge, run_id)
-    assert end is not None and end.status == "interrupted"
+    _, status = await read_run(client, run_id)
+    assert status == "interrupted"
 
 
 async def test_stop_event_lets_the_current_run_finish(
-    bridge: MemoryStreamBridge, demo_log: Collect
+    gateway_server: RunningServer, client: httpx.AsyncClient, demo_log: Collect
 ) -> None:
     stop = anyio.Event()
     result: list[int] = []
 
     async def producer() -> None:
-        result.append(await run_demo(bridge, stop, token_delay=0.001, pause=60))
+        result.append(await run_demo(gateway_server.base_url, stop=stop, token_delay=0.001))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(producer)
@@ -118,26 +154,50 @@ async def test_stop_event_lets_the_current_run_finish(
             await demo_log.run_started.wait()
         stop.set()
     assert result == [1]
-    _, end = await read_all(bridge, run_ids(demo_log)[0])
-    assert end is not None and end.status == "success"
+    _, status = await read_run(client, run_ids(demo_log)[0])
+    assert status == "success"
 
 
 async def test_cancel_request_ends_the_demo_run_cancelled(
-    bridge: MemoryStreamBridge, demo_log: Collect
+    gateway_server: RunningServer, client: httpx.AsyncClient, demo_log: Collect
 ) -> None:
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: run_demo(bridge, token_delay=0.01, max_runs=1))
+        tg.start_soon(lambda: run_demo(gateway_server.base_url, token_delay=0.01, max_runs=1))
         with anyio.fail_after(5):
             await demo_log.run_started.wait()
-        assert await bridge.request_cancel(run_ids(demo_log)[0])
-    _, end = await read_all(bridge, run_ids(demo_log)[0])
-    assert end is not None and end.status == "cancelled"
+        cancel = await client.post(f"/v1/runs/{run_ids(demo_log)[0]}/cancel", json={})
+        assert cancel.status_code == 202
+    texts, status = await read_run(client, run_ids(demo_log)[0])
+    assert status == "cancelled" and len(texts) < len(list(demo_tokens()))
+
+
+@pytest.mark.gateway_settings(api_keys=("operator-key",), jwt_secret="s" * 32)
+async def test_the_demo_authenticates_like_any_producer(
+    gateway_server: RunningServer, demo_log: Collect
+) -> None:
+    """Against a gateway that needs API keys: refused without one, streams with one."""
+    url = gateway_server.base_url
+    assert await run_demo(url, None, token_delay=0, pause=0, max_runs=1) == 0
+    assert any("demo run failed" in r.getMessage() for r in demo_log.records)
+    assert await run_demo(url, "operator-key", token_delay=0, pause=0, max_runs=1) == 1
+    watch = next(r.getMessage() for r in demo_log.records if "watch it with" in r.getMessage())
+    assert 'Authorization: Bearer $GATEWAY_API_KEY"' in watch
+
+
+def test_serve_demo_gets_a_key_of_its_own_only_when_the_gateway_needs_one() -> None:
+    open_settings = Settings()
+    assert with_demo_key(open_settings) == (open_settings, None)
+    keyed, key = with_demo_key(Settings(jwt_secret="s" * 32))
+    assert key is not None and len(key) >= 32 and keyed.api_keys == (key,)
+    keyed, other = with_demo_key(Settings(api_keys=("a",)))
+    assert other is not None and other != key and keyed.api_keys == ("a", other)
 
 
 def test_watch_command_mentions_auth_when_needed() -> None:
     assert watch_command("http://h:1/", "r") == "curl -N http://h:1/v1/runs/r/stream"
     assert "Bearer $GATEWAY_API_KEY" in watch_command("http://h:1", "r", auth="api_key")
     assert "$(gateway token --run r)" in watch_command("http://h:1", "r", auth="token")
+    assert console_url("http://h:1/") == "http://h:1/?session=demo"
 
 
 # -- log formatters ------------------------------------------------------------------------

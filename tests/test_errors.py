@@ -76,6 +76,18 @@ def test_status_of_each_error(exc: E.GatewayError, status: int, code: str) -> No
     assert response.body == b'{"error":"%s","detail":"%s"}' % (code.encode(), detail)
 
 
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [(E.SequenceGap("x", 3), "sequence_gap"), (E.SequenceConflict("x", 3), "sequence_conflict")],
+)
+def test_sequence_errors_are_409_with_the_expected_number(
+    exc: E.SequenceRefused, code: str
+) -> None:
+    response = gateway_error_response(exc)
+    assert response.status_code == 409
+    assert response.body == b'{"error":"%s","detail":"x","expected_seq":3}' % code.encode()
+
+
 def test_headers_come_from_the_table() -> None:
     assert gateway_error_response(E.BackendUnavailable()).headers["retry-after"] == "1"
     assert gateway_error_response(E.BridgeClosed()).headers["retry-after"] == "1"

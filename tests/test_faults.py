@@ -16,6 +16,7 @@ import anyio.abc
 import httpx
 import pytest
 
+from tests.fault_relay import FaultRelay
 from tests.fault_tools import Follower, HttpProducer, metric, poll
 from tests.proxies import GatewayProcess, Proxy
 from tests.redis_servers import RedisServer
@@ -502,52 +503,6 @@ async def test_gateway_lost_mid_stream_clients_continue_exactly_through_haproxy(
 # ------------------------------------------- a write whose reply is lost is never re-sent
 
 
-class ReplyDropper:
-    """A TCP relay in front of Redis that, once armed, forwards the next command that
-    contains `marker` and then cuts both connections before the reply comes back: the
-    command ran, the client never learns it."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.armed = False
-        self.marker = b"EVALSHA"
-        self.cut = 0
-        self.port = 0
-
-    async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        task_status.started()
-        async with listener:  # serve() returns on cancellation without closing it
-            await listener.serve(self._relay)
-
-    async def _relay(self, client: anyio.abc.SocketStream) -> None:
-        swallow = anyio.Event()  # set: the next reply is dropped with the connections
-        async with (
-            client,
-            await anyio.connect_tcp(*self.target) as server,
-            anyio.create_task_group() as tg,
-        ):
-
-            async def up() -> None:
-                async for chunk in client:
-                    if self.armed and self.marker in chunk:
-                        self.armed = False
-                        swallow.set()
-                    await server.send(chunk)
-
-            async def down() -> None:
-                async for chunk in server:
-                    if swallow.is_set():  # Redis ran it; the client never hears
-                        self.cut += 1
-                        tg.cancel_scope.cancel()
-                        return
-                    await client.send(chunk)
-
-            tg.start_soon(up)
-            tg.start_soon(down)
-
-
 @pytest.mark.timeout(30)
 async def test_a_publish_whose_reply_is_lost_is_reported_unavailable_not_applied_twice(
     redis_server: RedisServer, key_prefix: str
@@ -559,7 +514,7 @@ async def test_a_publish_whose_reply_is_lost_is_reported_unavailable_not_applied
     from gateway.errors import BackendUnavailable
     from gateway.settings import Settings
 
-    dropper = ReplyDropper(("127.0.0.1", redis_server.port))
+    dropper = FaultRelay(("127.0.0.1", redis_server.port))
     async with anyio.create_task_group() as tg:
         await tg.start(dropper.serve)
         settings = Settings(

@@ -44,9 +44,20 @@ class StreamBridge(Protocol):
         ...
 
     async def publish_many(
-        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, Any]],
+        *,
+        producer_token: str,
+        seq: int | None = None,
     ) -> PublishResult:
-        """Append a batch atomically in one round trip. Raises ProducerFenced, StreamEnded."""
+        """Append a batch atomically in one round trip. Raises ProducerFenced, StreamEnded.
+
+        `seq` numbers the batch (its first event is the producer's `seq`-th of this lease
+        epoch, see `gateway.sequence`): a retry of the last applied batch returns the ids
+        first assigned with `duplicate=True` and appends nothing. Raises SequenceGap when
+        `seq` is past the next expected number, SequenceConflict on any other overlap.
+        """
         ...
 
     async def publish_end(

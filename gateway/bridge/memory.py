@@ -41,6 +41,7 @@ from ..errors import (
     StreamEnded,
 )
 from ..names import check_end_status, check_run_id, check_session_id
+from ..sequence import Numbering, admit, check_seq
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -189,6 +190,7 @@ class _Run:
     last_key: EventKey = (0, -1)  # id clock: survives generations so ids never repeat
     last_event: EventKey | None = None  # the newest event id handed out (not the END)
     gen: _Generation | None = None
+    numbering: Numbering | None = None  # numbered appends (see gateway.sequence)
     deadline: float = 0.0  # loop time at which the whole run expires
     expiry: asyncio.TimerHandle | None = None
 
@@ -274,17 +276,33 @@ class MemoryStreamBridge:
         return self._append(run_id, ((event, data),), producer_token)
 
     async def publish_many(
-        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, Any]],
+        *,
+        producer_token: str,
+        seq: int | None = None,
     ) -> PublishResult:
-        return self._append(run_id, events, producer_token)
+        return self._append(run_id, events, producer_token, seq)
 
-    def _append(self, run_id: str, events: Sequence[tuple[str, Any]], token: str) -> PublishResult:
+    def _append(
+        self, run_id: str, events: Sequence[tuple[str, Any]], token: str, seq: int | None = None
+    ) -> PublishResult:
         self._check_open()
         check_run_id(run_id)
+        if seq is not None:
+            check_seq(seq, len(events))
         # Validate and encode the whole batch before touching state: a batch is atomic, and
         # the encoded bytes are the detached copy readers get (payload isolation).
         encoded = rules.encode_batch(events)
         run = self._owned(run_id, token)  # (the END check is on the tail only: O(1))
+        # -- numbered appends: the last check before writing, as in lua/publish.lua
+        if seq is not None:
+            repeat = admit(run.numbering, token, seq, len(encoded))
+            if repeat is not None:  # a retry: its ids, nothing appended; the lease renewed
+                run.lease_expires_at = self._clock() + run.lease_seconds
+                return PublishResult(repeat, run.cancel_requested, run.session_id, True)
+        # --
         ids: list[str] = []
         gen = run.gen if run.gen is not None else self._new_generation(run)
         for name, payload in encoded:
@@ -295,6 +313,8 @@ class MemoryStreamBridge:
         run.last_event = run.last_key
         self._evict(gen)
         gen.pacer.appended_now()
+        if seq is not None:
+            run.numbering = Numbering(token, seq + len(ids), seq, tuple(ids))
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now

@@ -37,10 +37,13 @@ from ..errors import (
     InvalidInput,
     ProducerFenced,
     RunOwned,
+    SequenceConflict,
+    SequenceGap,
     SessionMismatch,
     StreamEnded,
 )
 from ..names import check_end_status, check_run_id, check_session_id
+from ..sequence import check_seq
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -357,7 +360,12 @@ class RedisStreamBridge:
         return await self.publish_many(run_id, [(event, data)], producer_token=producer_token)
 
     async def publish_many(
-        self, run_id: str, events: Sequence[tuple[str, Any]], *, producer_token: str
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, Any]],
+        *,
+        producer_token: str,
+        seq: int | None = None,
     ) -> PublishResult:
         keys = self._keys(run_id)
         limit = self._settings.max_events_per_run
@@ -367,12 +375,35 @@ class RedisStreamBridge:
             self._ttl_ms,
             PUSH_BYTES,
             limit // TRIM_SLACK_DIVISOR,
+            "" if seq is None else check_seq(seq, len(events)),
         ]
         for name, payload in rules.encode_batch(events):
             args.append(name)
             args.append(payload)
         reply = await self._script("publish", keys, *args)
         self._raise_refusal(run_id, reply)
+        # -- numbered appends (see gateway.sequence)
+        outcome = as_text(reply[0])
+        if outcome == "duplicate":
+            return PublishResult(
+                ids=tuple(as_text(reply[3]).split(" ")),
+                cancel_requested=reply[1] == 1,
+                session_id=as_text(reply[2]) or None,
+                duplicate=True,
+            )
+        if outcome == "sequence_gap":
+            expected = int(reply[1])
+            raise SequenceGap(
+                f"batch starts at event {seq}; the next expected is {expected}", expected
+            )
+        if outcome == "sequence_conflict":
+            expected = int(reply[1])
+            raise SequenceConflict(
+                f"batch starting at event {seq} overlaps applied events and is not the last "
+                f"applied batch (the next expected is {expected})",
+                expected,
+            )
+        # --
         return PublishResult(
             ids=tuple(as_text(entry_id) for entry_id in reply[3:]),
             cancel_requested=reply[1] == 1,

@@ -30,6 +30,7 @@ from ..errors import (
     ProducerFenced,
     RunNotFound,
     RunOwned,
+    SequenceRefused,
     SessionActive,
     SessionMismatch,
     StreamEnded,
@@ -61,9 +62,15 @@ class RunEndedOnClaim(StreamEnded):
 
 
 def error_response(
-    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+    status: int,
+    code: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> Response:
-    return json_response({"error": code, "detail": detail}, status, headers=headers)
+    return json_response(
+        {"error": code, "detail": detail, **(extra or {})}, status, headers=headers
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +98,7 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
         RunEndedOnClaim: ErrorRule(409),  # a claim, not a write
         SessionActive: ErrorRule(409),
         SessionMismatch: ErrorRule(409),
+        SequenceRefused: ErrorRule(409),  # sequence_gap / sequence_conflict, expected_seq
         BridgeClosed: ErrorRule(503, _RETRY_LATER),
         BackendUnavailable: ErrorRule(503, _RETRY_LATER, signal="backend_unavailable"),
         Unauthorized: ErrorRule(401, MappingProxyType({"WWW-Authenticate": "Bearer"})),
@@ -125,7 +133,7 @@ def public_detail(exc: Exception) -> str:
 def gateway_error_response(exc: GatewayError) -> Response:
     rule = rule_of(exc)
     headers = None if rule.headers is None else dict(rule.headers)
-    return error_response(rule.status, exc.code, public_detail(exc), headers)
+    return error_response(rule.status, exc.code, public_detail(exc), headers, exc.details())
 
 
 async def _on_own_error(request: Request, exc: Exception) -> Response:

@@ -35,7 +35,7 @@ _ERRORS: Final[dict[str, str]] = {
     "403": "forbidden: the credentials do not cover this route or run; host_not_allowed: "
     "an open (unauthenticated) gateway answers only for loopback Host names",
     "404": "run_not_found: no such run (or not a run of this thread)",
-    "409": "fenced / ended / run_owned / run_ended",
+    "409": "fenced / ended / run_owned / run_ended / sequence_gap / sequence_conflict",
     "413": "too_large: body, event or batch over the configured limits",
     "415": "unsupported_media_type: a POST without Content-Type: application/json",
     "422": "invalid_input / malformed field: bad run id, event name, status, type...; "
@@ -71,6 +71,17 @@ _TOKEN_HEADER: Final = {
     "required": True,
     "description": "The producer_token returned by the claim (missing: 422)",
     "schema": {"type": "string"},
+}
+_SEQ_HEADER: Final = {
+    "name": "X-Producer-Seq",
+    "in": "header",
+    "required": False,
+    "description": (
+        "Number of the batch's first event in this lease epoch (1-based): a retry of the "
+        "last applied batch returns its ids and appends nothing; past the next expected "
+        "number is 409 sequence_gap with expected_seq"
+    ),
+    "schema": {"type": "integer", "minimum": 1, "maximum": 2**53 - 1},
 }
 _ACCESS_TOKEN: Final = {
     "name": "access_token",
@@ -110,7 +121,11 @@ _SCHEMAS: Final[dict[str, Any]] = {
     "Error": {
         "type": "object",
         "required": ["error", "detail"],
-        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+        "properties": {
+            "error": {"type": "string"},
+            "detail": {"type": "string"},
+            "expected_seq": {"type": "integer", "description": "sequence_*: next expected"},
+        },
     },
     "ClaimRequest": {
         "type": "object",
@@ -274,7 +289,7 @@ _PATHS: Final[dict[str, Any]] = {
             "operationId": "publishEvents",
             "summary": "Append one event or a batch (atomic)",
             "security": _API_KEY,
-            "parameters": [_RUN_ID, _TOKEN_HEADER],
+            "parameters": [_RUN_ID, _TOKEN_HEADER, _SEQ_HEADER],
             "requestBody": _body({"oneOf": [_ref("Event"), _ref("EventBatch")]}, True),
             "responses": {
                 "200": _json(_ref("PublishResult"), "Assigned ids, and the cancel flag"),

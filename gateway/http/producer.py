@@ -1,7 +1,8 @@
 """Producer routes: claim a run, append events (one or a batch), END it, renew the lease.
 
 Writes carry the producer token in `X-Producer-Token`; a missing token is a 422
-(`missing_producer_token`), a stale or wrong one the bridge's `409 fenced`.
+(`missing_producer_token`), a stale or wrong one the bridge's `409 fenced`. Appends may
+be numbered with `X-Producer-Seq` (see `gateway.sequence`), which makes them safe to retry.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from starlette.routing import Route
 
 from ..errors import InvalidInput, PayloadTooLarge, StreamEnded
 from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..sequence import HEADER as SEQ_HEADER
+from ..sequence import parse_seq_header
 from ..values import RawJSON, encode_json
 from . import access, sessions_routes
 from .bodies import (
@@ -135,14 +138,18 @@ async def publish_events(request: Request) -> Response:
     body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
     events = parse_events(body, state)
     encoded = encode_events(events, state.settings.max_event_bytes)
-    if len(encoded) == 1:
+    seq = parse_seq_header(request.headers.get(SEQ_HEADER))
+    if seq is not None:
+        result = await state.bridge.publish_many(run_id, encoded, producer_token=token, seq=seq)
+    elif len(encoded) == 1:
         result = await state.bridge.publish(
             run_id, encoded[0][0], encoded[0][1], producer_token=token
         )
     else:
         result = await state.bridge.publish_many(run_id, encoded, producer_token=token)
-    state.metrics.events_published.inc(len(result.ids))
-    await sessions_routes.record_events(request, result.session_id, run_id, events)
+    if not result.duplicate:  # a retry's events were counted and recorded the first time
+        state.metrics.events_published.inc(len(result.ids))
+        await sessions_routes.record_events(request, result.session_id, run_id, events)
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
 
 

@@ -11,7 +11,12 @@
  *   sessionStorage["gateway.console.creds"]  API key / access token typed into the page
  *
  * URL: `/?run=<id>` follows that run (resuming from the stored cursor when it is the
- * run already followed); `?demo_delay=<ms>` sets the demo producer's pace.
+ * run already followed); `/?session=<id>` follows that session: its running turn, then
+ * each next turn as it starts (`./scripts/serve` points here for its demo session);
+ * `?demo_delay=<ms>` sets the demo producer's pace. With none of these and nothing
+ * followed before (or only an ended run), the page follows the most recently active
+ * session with a running turn (else the most recently active one, else the first that
+ * appears), so it opens on whatever is streaming.
  */
 (function () {
   "use strict";
@@ -215,6 +220,7 @@
     persist();
     setConnection("closed", `closed (run ended: ${end.status})`);
     loadSessions();
+    if (sessionFollow) nextTurnSoon(sessionFollow, state.runId);
   }
 
   async function onGap(gap) {
@@ -274,7 +280,8 @@
     follower = null;
   }
 
-  async function followRun(runId, { resume } = { resume: false }) {
+  async function followRun(runId, { resume, keepSession } = { resume: false, keepSession: false }) {
+    if (!keepSession) stopSessionFollow();
     stopFollowing();
     const stored = load(localStorage, FOLLOW_KEY);
     if (resume && stored && stored.runId === runId) {
@@ -314,6 +321,93 @@
       onEvent, onEnd, onGap, onError, onOpen,
       maxGapRecoveries: 3,
     });
+  }
+
+  // ------------------------------------------------------------------ following a session
+
+  let sessionFollow = null; // the session whose turns open here one after the other
+  let picked = false; // the user chose what to show: the page no longer picks for them
+  let nextTurnTimer = null;
+  const NEXT_TURN_POLL_MS = 1000;
+
+  // The running turn of a session (the newest one), other than `exceptRunId`.
+  async function runningTurn(sessionId, exceptRunId) {
+    const reply = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}/turns?limit=20`);
+    const running = reply.turns.filter((t) => t.state === "running" && t.run_id !== exceptRunId);
+    return running.length ? running[running.length - 1].run_id : null;
+  }
+
+  async function followSessionTurns(sessionId, exceptRunId) {
+    clearTimeout(nextTurnTimer);
+    if (sessionFollow !== sessionId) loadTurns(sessionId); // the turns panel follows its feed
+    sessionFollow = sessionId;
+    $("#run").dataset.session = sessionId;
+    const url = new URL(location.href);
+    if (url.searchParams.get("session") !== sessionId) {
+      url.searchParams.set("session", sessionId);
+      history.replaceState(null, "", url);
+    }
+    let runId = null;
+    try {
+      runId = await runningTurn(sessionId, exceptRunId);
+    } catch (err) {
+      message(`session ${sessionId}: ${err.message}`, true);
+    }
+    if (sessionFollow !== sessionId) return; // the user picked something else meanwhile
+    if (runId) {
+      message(`following session ${sessionId}: each new turn opens here`);
+      await followRun(runId, { resume: true, keepSession: true });
+    } else {
+      if (!state || state.status !== "running") setConnection("waiting", `waiting for a turn of ${sessionId}`);
+      nextTurnSoon(sessionId, exceptRunId);
+    }
+  }
+
+  function nextTurnSoon(sessionId, exceptRunId) {
+    clearTimeout(nextTurnTimer);
+    nextTurnTimer = setTimeout(() => {
+      if (sessionFollow === sessionId) followSessionTurns(sessionId, exceptRunId);
+    }, NEXT_TURN_POLL_MS);
+  }
+
+  function stopSessionFollow() {
+    clearTimeout(nextTurnTimer);
+    sessionFollow = null;
+    delete $("#run").dataset.session;
+    const url = new URL(location.href);
+    if (url.searchParams.has("session")) {
+      url.searchParams.delete("session");
+      history.replaceState(null, "", url);
+    }
+  }
+
+  // The session a page with nothing to show opens on: the most recently active one with
+  // a running turn, else the most recently active one (its next turn will open here).
+  async function sessionToOpen() {
+    const reply = await api("GET", "/v1/sessions?limit=5");
+    for (const row of reply.sessions) {
+      if (await runningTurn(row.session_id, null)) return row.session_id;
+    }
+    return reply.sessions.length ? reply.sessions[0].session_id : null;
+  }
+
+  // Until there is a session (a gateway that just started) or the user picks something.
+  async function openOnLiveSession(wanted) {
+    const untouched = () => !picked && !sessionFollow && (state === null || state.runId === wanted);
+    while (untouched()) {
+      let found = null;
+      try {
+        found = await sessionToOpen();
+      } catch (_err) {
+        return; // e.g. credentials needed: the page stays as it is
+      }
+      if (!untouched()) return;
+      if (found) {
+        await followSessionTurns(found, null);
+        return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, NEXT_TURN_POLL_MS));
+    }
   }
 
   // ------------------------------------------------------------------ demo producer
@@ -376,7 +470,9 @@
       for (;;) {
         const job = load(localStorage, PRODUCER_KEY);
         if (!job) return;
-        const headers = { "X-Producer-Token": job.token };
+        // Numbered (token n is event n + 1 of this lease): a re-send after a reload that
+        // lost the saved position is answered with its first ids, never appended twice.
+        const headers = { "X-Producer-Token": job.token, "X-Producer-Seq": String(job.next + 1) };
         const path = `/v1/runs/${encodeURIComponent(job.runId)}`;
         try {
           if (job.next >= tokens.length) {
@@ -421,7 +517,10 @@
     const follow = document.createElement("button");
     follow.type = "button";
     follow.textContent = "follow";
-    follow.addEventListener("click", () => followRun(turn.run_id, { resume: true }));
+    follow.addEventListener("click", () => {
+      picked = true;
+      followRun(turn.run_id, { resume: true });
+    });
     const text = document.createElement("span");
     text.className = "text";
     text.textContent = turn.text || "";
@@ -541,25 +640,44 @@
     $("#demo-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       message("");
+      picked = true;
       startDemo($("#session-input").value.trim() || "console").catch((err) => message(err.message, true));
     });
     $("#follow-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       message("");
+      picked = true;
       followRun($("#follow-input").value.trim(), { resume: true });
     });
     $("#refresh-sessions").addEventListener("click", loadSessions);
 
     const stored = load(localStorage, FOLLOW_KEY);
+    const session = params.get("session");
     const wanted = params.get("run") || (stored && stored.runId);
-    if (wanted) {
+    if (session && params.get("run")) {
+      // A reload while following a session: resume its run, then go on with the session.
+      sessionFollow = session;
+      $("#run").dataset.session = session;
+      followRun(params.get("run"), { resume: true, keepSession: true }).then(() => {
+        if (state && state.status && state.status !== "running") nextTurnSoon(session, state.runId);
+      });
+    } else if (session) {
+      followSessionTurns(session, null);
+    } else if (params.get("run") || (wanted && (!stored.status || stored.status === "running"))) {
       $("#follow-input").value = wanted;
       followRun(wanted, { resume: true });
+    } else {
+      if (wanted) followRun(wanted, { resume: true }); // the finished run, until a live one is found
+      openOnLiveSession(wanted || null);
     }
     if (load(localStorage, PRODUCER_KEY)) runProducer(true);
     loadSessions();
   }
 
-  window.GatewayConsole = { followRun, startDemo, loadSessions, get state() { return state; } };
+  window.GatewayConsole = {
+    followRun, followSessionTurns, startDemo, loadSessions,
+    get state() { return state; },
+    get session() { return sessionFollow; },
+  };
   init();
 })();

@@ -1,0 +1,581 @@
+"""An async producer for one run over HTTP: claim, batched numbered appends, lease, END.
+
+    async with Producer("http://127.0.0.1:8000", session_id="chat-1", api_key=key) as run:
+        async for chunk in graph.astream(inputs, stream_mode="messages"):
+            await run.send("token", {"text": chunk[0].content})
+
+Entering the block claims the run (`takeover=True` to fence a live holder); leaving it
+ENDs the run: `success`, `error` when the block raises, `cancelled` when the block is
+cancelled (or `cancelled_status`, e.g. `interrupted` for a worker that is shutting
+down) or a subscriber asked to cancel (`POST /v1/runs/{id}/cancel`; the block is
+then cancelled and leaves quietly unless `cancel_on_request=False`, in which case the
+code polls `run.cancel_requested` or awaits `run.wait_cancel_requested()`).
+
+`send` queues an event and returns; a background task coalesces queued events into one
+request per `batch_window` seconds (or sooner when `batch_bytes`/`batch_events` are
+reached, or at once after a request that was in flight), and numbers every batch with
+`X-Producer-Seq`. A batch is re-sent unchanged after a connection error, a timeout or a
+502/503/504, with exponential backoff, for up to `retry_timeout` seconds: the gateway
+applies a numbered batch once, so a blind retry never duplicates or loses an event.
+While no batch goes out, a second task renews the lease every `renew_interval`.
+
+Errors are the gateway's own types (`gateway.errors`): `ProducerFenced` when another
+producer took the run over, `StreamEnded` when it has ended, `RunOwned` on a claim of a
+run with a live lease, `BackendUnavailable` when retries ran out, `InvalidInput` /
+`PayloadTooLarge` for what the gateway refused. A failure of a background request
+cancels the block and is raised where the block ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+import anyio
+import anyio.lowlevel
+import httpx
+import orjson
+from anyio.abc import TaskGroup
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from .errors import (
+    BackendUnavailable,
+    Forbidden,
+    GatewayError,
+    InvalidInput,
+    PayloadTooLarge,
+    ProducerFenced,
+    RunNotFound,
+    RunOwned,
+    SequenceConflict,
+    SequenceGap,
+    StreamEnded,
+    TokenExpired,
+    Unauthorized,
+)
+from .names import check_event_name, check_run_id, check_session_id
+from .sequence import HEADER as SEQ_HEADER
+from .values import EndStatus
+
+log = logging.getLogger("gateway.producer")
+
+# Answers after which a request may be re-sent: the gateway or a proxy in front of it
+# could not serve it now (a numbered append may have been applied; the retry says so).
+RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
+MAX_RETRY_AFTER: Final = 5.0
+MAX_CACHED_NAMES: Final = 256  # seconds; a longer Retry-After is capped to this
+
+_ERRORS_BY_CODE: Final[dict[str, type[GatewayError]]] = {
+    "fenced": ProducerFenced,
+    "ended": StreamEnded,
+    "run_ended": StreamEnded,
+    "run_owned": RunOwned,
+    "run_not_found": RunNotFound,
+    "too_large": PayloadTooLarge,
+    "unauthorized": Unauthorized,
+    "token_expired": TokenExpired,
+    "forbidden": Forbidden,
+}
+
+
+class RequestRefused(GatewayError):
+    """The gateway answered with an error this client has no narrower type for."""
+
+    code = "request_refused"
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status = status
+        self.code = code
+
+
+class _Retryable(Exception):
+    """A response that asks for the request again (a 503 and its kin)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"{response.status_code} {response.text[:200]}")
+        self.status = response.status_code
+        retry_after = response.headers.get("retry-after", "")
+        self.retry_after = float(retry_after) if retry_after.isdigit() else 0.0
+
+
+def _retryable(exc: BaseException) -> bool:
+    # Every transport failure: the request may not have arrived, or its reply was lost.
+    return isinstance(exc, _Retryable | httpx.TransportError) and not isinstance(
+        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError
+    )
+
+
+def error_from(response: httpx.Response) -> GatewayError:
+    """The gateway error an error response stands for."""
+    try:
+        body = response.json()
+        code, detail = str(body["error"]), str(body.get("detail", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):  # not the gateway's error body
+        body, code, detail = {}, "http_error", response.text[:200]
+    if code == "sequence_gap":
+        return SequenceGap(detail, int(body.get("expected_seq", 0)))
+    if code == "sequence_conflict":
+        return SequenceConflict(detail, int(body.get("expected_seq", 0)))
+    kind = _ERRORS_BY_CODE.get(code)
+    if kind is not None:
+        return kind(detail or code)
+    if response.status_code in (400, 422):
+        return InvalidInput(detail or code)
+    return RequestRefused(response.status_code, code, detail)
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    seq: int
+    items: tuple[bytes, ...]  # each `{"event": ..., "data": ...}`, encoded
+
+    def body(self) -> bytes:
+        return b'{"events":[' + b",".join(self.items) + b"]}"
+
+
+class Producer:
+    """One run's producer; see the module docstring. Use it as an async context manager."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        run_id: str | None = None,
+        session_id: str | None = None,
+        api_key: str | None = None,
+        takeover: bool = False,
+        lease_seconds: float | None = None,
+        input_message: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        cancel_on_request: bool = True,
+        cancelled_status: EndStatus = "cancelled",
+        batch_window: float = 0.02,
+        batch_bytes: int = 64 * 1024,
+        batch_events: int = 500,
+        max_buffer_bytes: int = 4 * 1024 * 1024,
+        renew_interval: float | None = None,
+        retry_timeout: float = 60.0,
+        request_timeout: float = 10.0,
+        end_timeout: float = 10.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._own_run_id = run_id is None
+        self.run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        self.session_id = check_session_id(session_id) if session_id is not None else None
+        self._claim_body: dict[str, Any] = {"run_id": self.run_id, "takeover": takeover}
+        for key, value in (
+            ("session_id", session_id),
+            ("lease_seconds", lease_seconds),
+            ("input_message", input_message),
+            ("metadata", metadata),
+        ):
+            if value is not None:
+                self._claim_body[key] = value
+        self._base_url = base_url.rstrip("/")
+        # Every request is a POST with a JSON body (or none): the gateway asks for the type.
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._client = client
+        self._own_client = client is None
+        self._request_timeout = request_timeout
+        self.cancel_on_request = cancel_on_request
+        self.cancelled_status: EndStatus = cancelled_status
+        self.batch_window = batch_window
+        self.batch_bytes = batch_bytes
+        self.batch_events = batch_events
+        self.max_buffer_bytes = max_buffer_bytes
+        self._renew_interval = renew_interval
+        self.retry_timeout = retry_timeout
+        self.end_timeout = end_timeout
+        # Claim state.
+        self.token = ""
+        self.epoch = 0
+        self.lease_expires_at = 0.0
+        # Send state: queued events, the batch on the wire (kept until acknowledged, so
+        # whoever sends next re-sends it with the same number), the next number.
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self._inflight: _Batch | None = None
+        self._next_seq = 1
+        self.events_sent = 0  # acknowledged events
+        self.batches_sent = 0  # acknowledged batches
+        self.retries = 0  # re-sent requests (all kinds)
+        self.last_event_id: str | None = None
+        self.end_status: EndStatus | None = None
+        self.cancel_requested = False
+        self._failure: GatewayError | None = None
+        self._last_ack = 0.0
+        self._task_group: TaskGroup | None = None
+        self._body_scope: anyio.CancelScope | None = None
+        self._wake = anyio.Event()  # queued events, a flush, or a full batch
+        self._progress = anyio.Event()  # a batch was acknowledged (replaced each time)
+        self._cancel_seen = anyio.Event()
+        self._flush_now = False
+        self._prefixes: dict[str, bytes] = {}  # event name -> `{"event":<name>,"data":`
+
+    # ------------------------------------------------------------------ the block
+
+    async def __aenter__(self) -> Self:
+        if self.token:
+            raise RuntimeError("a Producer is good for one run: make a new one")
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._request_timeout)
+        try:
+            await self._claim()
+            self._task_group = anyio.create_task_group()
+            await self._task_group.__aenter__()
+        except BaseException:
+            await self._close_client()
+            raise
+        self._task_group.start_soon(self._send_loop)
+        self._task_group.start_soon(self._renew_loop)
+        # The block runs in a scope of its own: a cancel request or a background failure
+        # cancels it, and leaving the block takes back exactly that cancellation.
+        self._body_scope = anyio.CancelScope()
+        self._body_scope.__enter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._body_scope is not None and self._task_group is not None
+        body_scope, self._body_scope = self._body_scope, None
+        stopped_by_us = bool(body_scope.__exit__(exc_type, exc, tb))
+        cancelled_exc = anyio.get_cancelled_exc_class()
+        cancelled = isinstance(exc, cancelled_exc) and not stopped_by_us
+        try:
+            # Stop the background tasks; the batch they had on the wire is re-sent below.
+            self._task_group.cancel_scope.cancel()
+            try:
+                await self._task_group.__aexit__(None, None, None)
+            except cancelled_exc:
+                # The surrounding scope is cancelled: END first (shielded), then the
+                # cancellation goes on, as the block's own one or re-raised below.
+                if not cancelled:
+                    await self._end_anyway(self.cancelled_status, None, flush=True)
+                    raise
+                cancelled = True
+            failure = self._failure
+            if failure is not None:
+                if not isinstance(failure, ProducerFenced | StreamEnded | BackendUnavailable):
+                    await self._end_anyway("error", _error_of(failure), flush=False)
+                raise failure
+            if cancelled:
+                await self._end_anyway(self.cancelled_status, None, flush=True)
+            elif stopped_by_us and self.cancel_requested:
+                await self._end_anyway("cancelled", None, flush=True)
+            elif exc is not None and not stopped_by_us:
+                await self._end_anyway("error", _error_of(exc), flush=True)
+            else:
+                try:
+                    await self.flush_all()
+                    await self._end("success", None)
+                except cancelled_exc:
+                    await self._end_anyway(self.cancelled_status, None, flush=True)
+                    raise
+                except (InvalidInput, RequestRefused) as refused:  # a batch was refused
+                    await self._end_anyway("error", _error_of(refused), flush=False)
+                    raise
+        finally:
+            await self._close_client()
+        return stopped_by_us  # only ever our own cancellation is taken back
+
+    async def _end_anyway(self, status: EndStatus, error: Any, *, flush: bool) -> None:
+        """Send what is queued, then END, after the block failed or was cancelled: shielded
+        from the cancellation, bounded by `end_timeout`, and never raising over the error
+        that ended the block (a failure is logged; the gateway's lease expiry then ENDs
+        the run as `producer_lost`)."""
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + self.end_timeout
+            try:
+                if flush:
+                    await self.flush_all()
+            except GatewayError as exc:
+                log.warning("run %s: queued events not sent: %s", self.run_id, exc)
+                if isinstance(exc, ProducerFenced | StreamEnded):
+                    return  # not ours to END any more
+            try:
+                await self._end(status, error)
+            except GatewayError as exc:
+                log.warning("could not END run %s as %s: %s", self.run_id, status, exc)
+        if scope.cancelled_caught:
+            log.warning("could not END run %s in %s s", self.run_id, self.end_timeout)
+
+    async def _close_client(self) -> None:
+        if self._own_client and self._client is not None:
+            with anyio.CancelScope(shield=True):
+                await self._client.aclose()
+            self._client = None
+
+    # ------------------------------------------------------------------ sending
+
+    async def send(self, event: str, data: Any = None) -> None:
+        """Queue one event (validated and encoded now); waits only when the queue is full."""
+        self._queue(event, data)
+        await self._queued()
+
+    async def send_many(self, events: Iterable[tuple[str, Any]]) -> None:
+        """Queue events in order; they go out in as few batches as the limits allow."""
+        for event, data in events:
+            self._queue(event, data)
+        await self._queued()
+
+    def _queue(self, event: str, data: Any) -> None:
+        self._check_usable()
+        prefix = self._prefixes.get(event)
+        if prefix is None:  # each name is validated and encoded once
+            prefix = b'{"event":' + orjson.dumps(check_event_name(event)) + b',"data":'
+            if len(self._prefixes) < MAX_CACHED_NAMES:
+                self._prefixes[event] = prefix
+        try:
+            item = prefix + orjson.dumps(data) + b"}"
+        except TypeError as exc:  # orjson.JSONEncodeError
+            raise InvalidInput(f"data is not JSON-serialisable: {exc}") from None
+        self._pending.append(item)
+        self._pending_bytes += len(item)
+
+    async def _queued(self) -> None:
+        self._wake.set()
+        if self._inflight is None and self._full():
+            # A whole batch is ready and nothing is on the wire: let the sender take it
+            # now, so the request overlaps with whatever this task produces next.
+            await anyio.lowlevel.checkpoint()
+        while self._pending_bytes > self.max_buffer_bytes:  # back-pressure
+            self._flush_now = True
+            self._wake.set()
+            await self._wait_progress()
+            self._check_usable()
+
+    async def flush(self) -> None:
+        """Wait until every queued event has been acknowledged by the gateway."""
+        while self._pending or self._inflight is not None:
+            self._check_usable()
+            self._flush_now = True
+            self._wake.set()
+            await self._wait_progress()
+        self._check_usable()
+
+    async def flush_all(self) -> None:
+        """Send everything queued from this task (the background sender is stopped)."""
+        while self._inflight is not None or self._pending:
+            await self._send_batch()
+
+    async def wait_cancel_requested(self) -> None:
+        """Return once a subscriber has asked to cancel the run."""
+        await self._cancel_seen.wait()
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self.end_status is not None:
+            raise StreamEnded(f"run {self.run_id} has ended ({self.end_status})")
+        if self._task_group is None:
+            raise RuntimeError("use the producer as `async with Producer(...) as run:`")
+
+    async def _wait_progress(self) -> None:
+        await self._progress.wait()
+
+    def _full(self) -> bool:
+        return len(self._pending) >= self.batch_events or self._pending_bytes >= self.batch_bytes
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                if not (self._flush_now or self._full()):
+                    # Coalesce: what arrives within the window goes in the same request.
+                    with anyio.move_on_after(self.batch_window):
+                        while not (self._flush_now or self._full()):
+                            await self._wake.wait()
+                            self._wake = anyio.Event()
+                self._flush_now = False
+                # Whatever arrived while a request was on the wire goes at once.
+                while self._pending:
+                    await self._send_batch()
+        except GatewayError as exc:
+            self._fail(exc)
+
+    def _take_batch(self) -> _Batch:
+        items: list[bytes] = []
+        size = 0
+        while self._pending and len(items) < self.batch_events:
+            item = self._pending[0]
+            if items and size + len(item) > self.batch_bytes:
+                break
+            items.append(self._pending.popleft())
+            size += len(item)
+        self._pending_bytes -= size
+        return _Batch(self._next_seq, tuple(items))
+
+    async def _send_batch(self) -> None:
+        if self._inflight is None:
+            self._inflight = self._take_batch()
+        batch = self._inflight
+        headers = {"X-Producer-Token": self.token, SEQ_HEADER: str(batch.seq)}
+        reply = await self._request(f"/v1/runs/{self.run_id}/events", batch.body(), headers)
+        ids = reply.get("ids", [])
+        if len(ids) != len(batch.items):
+            raise RequestRefused(200, "bad_reply", f"{len(ids)} ids for {len(batch.items)}")
+        self._inflight = None
+        self._next_seq = batch.seq + len(batch.items)
+        self.events_sent += len(batch.items)
+        self.batches_sent += 1
+        self.last_event_id = ids[-1]
+        self._acknowledged(reply)
+
+    def _acknowledged(self, reply: dict[str, Any]) -> None:
+        self._last_ack = time.monotonic()
+        if reply.get("cancel_requested") and not self.cancel_requested:
+            self.cancel_requested = True
+            self._cancel_seen.set()
+            if self.cancel_on_request and self._body_scope is not None:
+                self._body_scope.cancel()
+        progress, self._progress = self._progress, anyio.Event()
+        progress.set()
+
+    def _fail(self, exc: GatewayError) -> None:
+        self._failure = exc
+        progress, self._progress = self._progress, anyio.Event()
+        progress.set()
+        if self._body_scope is not None:
+            self._body_scope.cancel()
+
+    # ------------------------------------------------------------------ lease and END
+
+    @property
+    def renew_interval(self) -> float:
+        if self._renew_interval is not None:
+            return self._renew_interval
+        lease = self.lease_expires_at - time.time()
+        return max(0.05, min(2.0, lease / 3 if math.isfinite(lease) else 2.0))
+
+    async def _renew_loop(self) -> None:
+        try:
+            while True:
+                due = self._last_ack + self.renew_interval
+                now = time.monotonic()
+                if now < due:
+                    await anyio.sleep(due - now)
+                    continue
+                headers = {"X-Producer-Token": self.token}
+                reply = await self._request(f"/v1/runs/{self.run_id}/lease", b"", headers)
+                self.lease_expires_at = float(reply["lease_expires_at"])
+                self._acknowledged(reply)
+        except GatewayError as exc:
+            self._fail(exc)
+
+    async def _end(self, status: EndStatus, error: Any) -> None:
+        body: dict[str, Any] = {"status": status}
+        if error is not None:
+            body["error"] = error
+        headers = {"X-Producer-Token": self.token}
+        await self._request(f"/v1/runs/{self.run_id}/end", orjson.dumps(body), headers)
+        self.end_status = status
+
+    async def _claim(self) -> None:
+        claim = dict(self._claim_body)
+        attempts = 0
+
+        def body() -> bytes:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1 and self._own_run_id:
+                # An earlier claim's reply may be lost: the lease it took is ours (the run
+                # id was made here and never shown), so take it over.
+                claim["takeover"] = True
+            return orjson.dumps(claim)
+
+        try:
+            reply = await self._request("/v1/runs", body, {})
+        except RunOwned as exc:
+            if attempts > 1:
+                raise RunOwned(
+                    f"{exc} (a claim whose reply was lost may hold it: "
+                    "takeover=True makes a claim safe to retry)"
+                ) from None
+            raise
+        self.token = str(reply["producer_token"])
+        self.epoch = int(reply["epoch"])
+        self.session_id = reply.get("session_id")
+        self.lease_expires_at = float(reply["lease_expires_at"])
+        self._last_ack = time.monotonic()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            wait=self._wait,
+            stop=stop_after_delay(self.retry_timeout),
+            sleep=anyio.sleep,
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+
+    _backoff: Final = wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05)
+
+    def _wait(self, state: RetryCallState) -> float:
+        backoff = float(self._backoff(state))
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, _Retryable):
+            return max(backoff, min(exc.retry_after, MAX_RETRY_AFTER))
+        return backoff
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        self.retries += 1
+
+    async def _request(
+        self, path: str, body: bytes | Callable[[], bytes], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        """POST with retries (safe: every request this client sends is idempotent)."""
+        make = body if callable(body) else lambda: body
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    return await self._post(path, make(), headers)
+        except (_Retryable, httpx.TransportError) as exc:
+            raise BackendUnavailable(
+                f"gateway unavailable for {self.retry_timeout} s: {exc}"
+            ) from exc
+        raise AssertionError("unreachable")  # AsyncRetrying either returns or raises
+
+    async def _post(self, path: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        assert self._client is not None
+        response = await self._client.post(
+            self._base_url + path, content=body, headers={**self._headers, **headers}
+        )
+        if response.status_code in RETRY_STATUSES:
+            raise _Retryable(response)
+        if response.status_code >= 400:
+            raise error_from(response)
+        try:
+            reply = response.json()
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):  # not the gateway answering (a proxy's page?)
+            raise RequestRefused(response.status_code, "bad_reply", response.text[:200])
+        return reply
+
+
+def _error_of(exc: BaseException) -> dict[str, Any]:
+    """The END `error` object for an exception that ended the block."""
+    return {"type": type(exc).__name__, "message": str(exc)[:1000]}

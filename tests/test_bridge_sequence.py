@@ -1,0 +1,263 @@
+"""Numbered appends (`publish_many(..., seq=N)`), a contract of both bridges.
+
+A producer that numbers its batches can re-send any of them blindly: the retry of the
+last applied batch returns the ids first assigned and appends nothing, a batch past the
+next expected number is refused as a gap, and a takeover starts a new numbering. Run on
+memory and Redis (the `bridge`/`make_bridge` fixtures of tests/conftest.py); on Redis the
+lost reply is lost on the wire, by a TCP relay that cuts the connection after Redis ran
+the script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from uuid import uuid4
+
+import anyio
+import pytest
+
+from gateway.bridge.base import StreamBridge
+from gateway.errors import (
+    BackendUnavailable,
+    InvalidInput,
+    ProducerFenced,
+    SequenceConflict,
+    SequenceGap,
+    StreamEnded,
+)
+from gateway.sequence import MAX_SEQ
+from gateway.values import End, PublishResult, StreamEvent
+from tests.conftest import BridgeFactory
+from tests.fault_relay import FaultRelay
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+TIMEOUT = 15.0
+
+
+def new_run_id() -> str:
+    return f"seq-{uuid4().hex[:12]}"
+
+
+def batch(*numbers: int) -> list[tuple[str, Any]]:
+    return [("tok", {"n": n}) for n in numbers]
+
+
+async def logged(bridge: StreamBridge, run_id: str) -> list[tuple[str, int]]:
+    """(id, n) of every event in the log, read through END."""
+    await_end: list[tuple[str, int]] = []
+    with anyio.fail_after(TIMEOUT):
+        async for item in bridge.subscribe(run_id, heartbeat_interval=0.2):
+            if isinstance(item, StreamEvent):
+                await_end.append((item.id, item.value()["n"]))
+            elif isinstance(item, End):
+                return await_end
+    raise AssertionError("subscription ended without END")
+
+
+LoseReply = Callable[[Awaitable[PublishResult]], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def lossy_bridge(make_bridge: BridgeFactory) -> AsyncIterator[tuple[StreamBridge, LoseReply]]:
+    """A bridge and `lose(call)`: run a publish whose reply never reaches the caller.
+
+    Redis: through a relay that forwards the script and cuts the connection before the
+    reply (the bridge reports BackendUnavailable, as it must not re-send a write). Memory
+    has no wire: the call runs and its result is thrown away, which is the same thing
+    from the producer's side.
+    """
+    if make_bridge.backend == "memory":
+        async with make_bridge() as bridge:
+
+            async def lose_memory(call: Awaitable[PublishResult]) -> None:
+                await call
+
+            yield bridge, lose_memory
+        return
+    assert make_bridge.redis_url is not None
+    host_port = make_bridge.redis_url.split("://", 1)[1].rsplit("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    relay = FaultRelay((host, int(port)))
+    async with anyio.create_task_group() as tg:
+        await tg.start(relay.serve)
+        async with make_bridge(redis_url=f"redis://127.0.0.1:{relay.port}") as bridge:
+
+            async def lose_redis(call: Awaitable[PublishResult]) -> None:
+                relay.armed = True
+                cut = relay.cut
+                with pytest.raises(BackendUnavailable):
+                    await call
+                assert relay.cut == cut + 1, "the relay did not drop the reply"
+
+            yield bridge, lose_redis
+        tg.cancel_scope.cancel()
+
+
+async def test_retry_after_a_lost_reply_returns_the_first_ids_and_appends_nothing(
+    make_bridge: BridgeFactory,
+) -> None:
+    async with lossy_bridge(make_bridge) as (bridge, lose):
+        run_id = new_run_id()
+        claim = await bridge.claim(run_id, lease_seconds=30)
+        tok = claim.token
+        first = await bridge.publish_many(run_id, batch(1, 2), producer_token=tok, seq=1)
+        await lose(bridge.publish_many(run_id, batch(3, 4, 5), producer_token=tok, seq=3))
+        # The producer cannot know whether 3..5 were applied: it re-sends them as they were.
+        retry = await bridge.publish_many(run_id, batch(3, 4, 5), producer_token=tok, seq=3)
+        assert retry.duplicate and len(retry.ids) == 3
+        after = await bridge.publish_many(run_id, batch(6), producer_token=tok, seq=6)
+        assert not after.duplicate
+        await bridge.publish_end(run_id, "success", producer_token=tok)
+        log = await logged(bridge, run_id)
+    assert [n for _, n in log] == [1, 2, 3, 4, 5, 6]
+    # The retry was told the ids the lost reply carried, i.e. where 3..5 really are.
+    assert [i for i, _ in log] == [*first.ids, *retry.ids, *after.ids]
+
+
+async def test_duplicate_batch_returns_its_ids_and_appends_nothing(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    one = await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    again = await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    assert not one.duplicate and again.duplicate and again.ids == one.ids
+    two = await bridge.publish_many(run_id, batch(2, 3), producer_token=tok, seq=2)
+    for _ in range(3):
+        dup = await bridge.publish_many(run_id, batch(2, 3), producer_token=tok, seq=2)
+        assert dup.duplicate and dup.ids == two.ids
+        assert dup.cancel_requested is False
+    info = await bridge.get_run(run_id)
+    assert info is not None and info.retained_events == 3 and info.last_event_id == two.ids[-1]
+    # A duplicate still reports the cancel flag (a retrying producer must learn of it).
+    assert await bridge.request_cancel(run_id)
+    dup = await bridge.publish_many(run_id, batch(2, 3), producer_token=tok, seq=2)
+    assert dup.duplicate and dup.cancel_requested
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3]
+
+
+async def test_a_retry_renews_the_lease_like_any_publish(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=5)).token
+    await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    info = await bridge.get_run(run_id)
+    assert info is not None
+    await anyio.sleep(0.05)  # the subject: time passes between the write and its retry
+    assert (await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)).duplicate
+    again = await bridge.get_run(run_id)
+    assert again is not None and again.lease_expires_at > info.lease_expires_at
+    assert again.retained_events == 1
+
+
+async def test_a_batch_past_the_next_number_is_a_gap_with_the_expected_number(
+    bridge: StreamBridge,
+) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    with pytest.raises(SequenceGap) as first:
+        await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
+    assert first.value.expected == 1 and first.value.code == "sequence_gap"
+    await bridge.publish_many(run_id, batch(1, 2, 3), producer_token=tok, seq=1)
+    with pytest.raises(SequenceGap) as later:
+        await bridge.publish_many(run_id, batch(5, 6), producer_token=tok, seq=5)
+    assert later.value.expected == 4
+    info = await bridge.get_run(run_id)
+    assert info is not None and info.retained_events == 3  # the refused batches wrote nothing
+    await bridge.publish_many(run_id, batch(4), producer_token=tok, seq=4)
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3, 4]
+
+
+async def test_an_overlap_that_is_not_the_last_batch_is_a_conflict(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    await bridge.publish_many(run_id, batch(1, 2), producer_token=tok, seq=1)
+    await bridge.publish_many(run_id, batch(3, 4), producer_token=tok, seq=3)
+    for seq, numbers in ((1, (1, 2)), (3, (3,)), (4, (4, 5)), (2, (2, 3, 4))):
+        with pytest.raises(SequenceConflict) as refused:
+            await bridge.publish_many(run_id, batch(*numbers), producer_token=tok, seq=seq)
+        assert refused.value.expected == 5
+    info = await bridge.get_run(run_id)
+    assert info is not None and info.retained_events == 4
+
+
+async def test_takeover_starts_a_new_numbering(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    old = await bridge.claim(run_id, lease_seconds=30)
+    await bridge.publish_many(run_id, batch(1, 2), producer_token=old.token, seq=1)
+    new = await bridge.claim(run_id, lease_seconds=30, takeover=True)
+    assert new.epoch == old.epoch + 1
+    # The old owner's retry is fenced, numbered or not: the token check comes first.
+    with pytest.raises(ProducerFenced):
+        await bridge.publish_many(run_id, batch(1, 2), producer_token=old.token, seq=1)
+    # The new epoch counts from 1 again; what the old one numbered does not carry over.
+    with pytest.raises(SequenceGap) as gap:
+        await bridge.publish_many(run_id, batch(3), producer_token=new.token, seq=3)
+    assert gap.value.expected == 1
+    fresh = await bridge.publish_many(run_id, batch(3), producer_token=new.token, seq=1)
+    assert not fresh.duplicate
+    dup = await bridge.publish_many(run_id, batch(3), producer_token=new.token, seq=1)
+    assert dup.duplicate and dup.ids == fresh.ids
+    await bridge.publish_end(run_id, "success", producer_token=new.token)
+    assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3]
+
+
+async def test_unnumbered_writes_leave_the_numbering_alone(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    await bridge.publish(run_id, "tok", {"n": 100}, producer_token=tok)
+    await bridge.publish_many(run_id, batch(101, 102), producer_token=tok)
+    dup = await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    assert dup.duplicate
+    await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    assert [n for _, n in await logged(bridge, run_id)] == [1, 100, 101, 102, 2]
+
+
+async def test_numbered_writes_after_end_are_ended_and_bad_numbers_are_invalid(
+    bridge: StreamBridge,
+) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    for seq in (0, -1, True, MAX_SEQ):
+        with pytest.raises(InvalidInput):
+            await bridge.publish_many(run_id, batch(1, 2), producer_token=tok, seq=seq)
+    with pytest.raises(InvalidInput):
+        await bridge.publish_many(run_id, [], producer_token=tok, seq=1)
+    await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    with pytest.raises(StreamEnded):
+        await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
+
+
+async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
+    make_bridge: BridgeFactory, redis_url: str
+) -> None:
+    """No key per event or per batch: after many numbered batches the run still has its
+    two keys, and the hash holds only the last batch's ids."""
+    if make_bridge.backend != "redis":
+        pytest.skip("Redis layout")
+    from redis.asyncio import Redis
+
+    async with make_bridge() as bridge:
+        run_id = new_run_id()
+        tok = (await bridge.claim(run_id, lease_seconds=30)).token
+        seq = 1
+        for size in (3, 1, 4, 1, 5) * 20:
+            last = await bridge.publish_many(
+                run_id, batch(*range(seq, seq + size)), producer_token=tok, seq=seq
+            )
+            seq += size
+    client = Redis.from_url(redis_url)
+    try:
+        keys = sorted(k.decode() for k in await client.keys(f"{make_bridge.key_prefix}*"))
+        tag = f"{make_bridge.key_prefix}{{{run_id}}}"
+        assert keys == [f"{tag}:log", f"{tag}:meta"]
+        fields = await client.hmget(f"{tag}:meta", ["seq_tok", "seq_next", "seq_first", "seq_ids"])
+        assert fields[0] == tok.encode() and int(fields[1]) == seq
+        assert int(fields[2]) == seq - 5 and fields[3].decode().split(" ") == list(last.ids)
+    finally:
+        await client.aclose()
