@@ -146,7 +146,7 @@ async def test_line_separators_cannot_forge_sse_lines(client: httpx.AsyncClient)
             lines.append(line)
     assert "event: end" in lines
     assert not any(line.startswith("id: 999999") for line in lines)
-    assert [line for line in lines if line.startswith("id: ")] == [f"id: {event_id}"]
+    assert [line for line in lines if line.startswith("id: ")] == [f"id: {event_id}", "id: end"]
     data_lines = [line for line in lines if line.startswith("data: ")]
     assert orjson.loads(data_lines[0][len("data: ") :]) == value
     assert orjson.loads(data_lines[-1][len("data: ") :])["status"] == "error"
@@ -274,7 +274,7 @@ async def test_stream_ends_cleanly_when_its_token_expires(gateway_server: Runnin
             async with reader.stream("GET", url, params={"access_token": token}) as stream:
                 async for frame in iter_frames(stream):
                     frames.append(frame)
-            assert [f.id for f in frames if f.id] == [first]
+            assert [f.data_id for f in frames if f.data_id] == [first]
             assert not [f for f in frames if f.event in ("end", "gap", "unavailable")]
             assert any(b"token expired" in c for f in frames for c in f.comments)
             # the same token is refused now: the client must come back with a fresh one
@@ -289,7 +289,7 @@ async def test_stream_ends_cleanly_when_its_token_expires(gateway_server: Runnin
             ) as stream:
                 async for frame in iter_frames(stream):
                     resumed.append(frame)
-            assert [f.json() for f in resumed if f.id] == ["b"]
+            assert [f.json() for f in resumed if f.data_id] == ["b"]
             assert resumed[-1].event == "end"
 
 

@@ -35,6 +35,8 @@ def sample(name: str, field: FieldInfo) -> tuple[list[str], Any]:
         return ["localhost"], "localhost"
     if name == "jwt_secret":
         return ["s" * 40], "s" * 40
+    if name == "cors_origins":
+        return ["http://a.example", "https://b.example"], ("http://a.example", "https://b.example")
     if annotation is bool:
         return [str(not default).lower()], not default
     if typing.get_origin(annotation) is typing.Literal:

@@ -122,9 +122,9 @@ async def follow_langgraph_sdk(base: str, path: str, seen: Seen) -> None:
     """langgraph-sdk `runs.join_stream`: reconnects by itself (Location + Last-Event-ID)."""
     run_id = path.split("/")[4].split("?")[0]
     cursor = path.partition("last_event_id=")[2] or None
-    sdk = get_client(url=base)
-    async for part in sdk.runs.join_stream(SESSION, run_id, last_event_id=cursor):
-        seen.add(part.event, getattr(part, "id", None), str(part.data))
+    async with get_client(url=base) as sdk:  # (closes its connections, also when cancelled)
+        async for part in sdk.runs.join_stream(SESSION, run_id, last_event_id=cursor):
+            seen.add(part.event, getattr(part, "id", None), str(part.data))
     seen.stopped = "returned"
 
 

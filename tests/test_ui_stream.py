@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from gateway.http.auth import mint_subscriber_token
+from gateway.values import encode_json
 from tests import http_server
 from tests.http_server import ProducerClient, make_settings, serve
 
@@ -92,7 +93,8 @@ async def test_running_turn_replays_from_its_first_chunk_then_done(
                 await producer.end()
                 published = True
     lines = _data_lines(body)
-    assert lines[:-1] == [orjson.dumps(chunk) for chunk in CHUNKS]
+    # (the gateway's one payload encoding: line separators escaped, docs/api.md)
+    assert lines[:-1] == [encode_json(chunk) for chunk in CHUNKS]
     assert lines[-1] == b"[DONE]"
     assert b"retry:" not in body and b"event:" not in body and b"id:" not in body
     # The turn record understands the same chunks.
@@ -112,7 +114,7 @@ async def test_other_end_statuses_are_an_error_chunk(
         await producer.end(status, {"message": "model overloaded"})
         body = await response.aread()
     lines = _data_lines(body)
-    assert lines[:-1] == [orjson.dumps(chunk) for chunk in CHUNKS[:4]]
+    assert lines[:-1] == [encode_json(chunk) for chunk in CHUNKS[:4]]
     last = orjson.loads(lines[-1])
     assert last["type"] == "error" and status in last["errorText"]
     assert "model overloaded" in last["errorText"]
