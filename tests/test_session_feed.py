@@ -388,7 +388,8 @@ async def test_tokens_scoped_to_the_session_read_it_run_tokens_do_not(
 
 async def _raw_feed(port: int, session_id: str) -> tuple[asyncio.StreamReader, Any]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    request = f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    writer.write(request.encode())
     await writer.drain()
     head = await reader.readuntil(b"retry: ")
     assert head.startswith(b"HTTP/1.1 200"), head[:80]
