@@ -61,3 +61,16 @@ async def test_session_retired_mid_turn_then_more_writes_gives_old_cursors_a_gap
     await producer.publish(("token", "after retirement"))
     frames = await _reconnect(client, producer.run_id, first[0])
     assert [f["event"] for f in frames] == ["gap"], frames
+
+
+async def test_reconnect_into_an_ended_run_whose_log_was_removed(
+    client: httpx.AsyncClient,
+) -> None:
+    """A cursor before the last event of an ended run whose log is gone gets a gap (it
+    missed events), never the END alone; at the last event it gets the END."""
+    producer = await ProducerClient.claim(client)
+    ids = await producer.publish(*[("token", i) for i in range(4)])
+    await producer.end("success")
+    assert (await client.delete(f"/v1/runs/{producer.run_id}")).status_code == 204
+    assert [f["event"] for f in await _reconnect(client, producer.run_id, ids[1])] == ["gap"]
+    assert [f["event"] for f in await _reconnect(client, producer.run_id, ids[-1])] == ["end"]

@@ -94,7 +94,9 @@ def sse_response(
         "framing": framing,
         "resume": _resume_start(cursor),
     }
-    if info.ended and not info.log_exists:  # the log is gone; the record knows how it ended
+    if info.ended and not info.log_exists and common["resume"] != "cursor":
+        # The log is gone and the record knows how it ended. A valid cursor goes to the
+        # bridge instead: one before the run's last event missed events (a gap).
         frame = framing.end(End(info.status, info.error))  # type: ignore[arg-type]
         return SSEResponse(subscribe=None, final_frame=frame, **common)
     bridge = state.bridge
