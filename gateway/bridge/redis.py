@@ -590,9 +590,8 @@ class RedisStreamBridge:
                     if reader.delivered(window):
                         return  # a terminal item: the subscription is over
                     continue
-                if feed.removed:
-                    yield [rules.removed(reader.position, "stream_removed")]
-                    return
+                # (A removed log is found by the reader's own read: the feed's view may
+                # be older than that read, which may already have found the log again.)
                 heartbeat = reader.idle(feed, interval)
                 if heartbeat:
                     yield [HEARTBEAT]
