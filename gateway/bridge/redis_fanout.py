@@ -189,7 +189,7 @@ class RunFeed:
         # go on from the window (the floor check below keeps them exact).
         self.removed = self.missing = False
         assert read.bounds is not None
-        if missed_events(parse_cursor(self.head), read.bounds):
+        if missed_events(self._head_key, read.bounds):
             # The feed itself is behind the log's floor (a burst larger than the retained
             # window between two reads, or a log removed and written again): restart the
             # window at the floor; subscribers behind it find their gap in Redis.
