@@ -66,7 +66,10 @@ class Settings(BaseSettings):
     )
     redis_key_prefix: str = Field("gw:", description="Prefix of every Redis key.")
     redis_max_connections: int = Field(
-        64, ge=2, description="Connections in the Redis pool of one process."
+        64,
+        ge=2,
+        description="Connections in the Redis pool of one process; callers beyond it "
+        "wait their turn, first come first served.",
     )
     redis_command_timeout_seconds: Seconds = Field(
         5.0,

@@ -186,6 +186,12 @@ class RedisStreamBridge:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = commands
         self._closed = False
+        # Turns at the pool, first come first served. redis-py's pool hands a released
+        # connection to whichever caller asks next, so under saturation a caller that
+        # just released one takes it back before a woken waiter runs, and a waiter can
+        # starve past the command timeout. asyncio.Semaphore queues newcomers behind
+        # waiters; the command timeout starts once the caller has its turn.
+        self._turns = asyncio.Semaphore(settings.redis_max_connections)
         self._scripts: dict[str, AsyncScript] = {
             name: commands.register_script(lua_source(name))
             for name in (
@@ -260,7 +266,7 @@ class RedisStreamBridge:
         """
         attempt = 0
         try:
-            async with asyncio.timeout(self._settings.redis_command_timeout_seconds):
+            async with self._turns, asyncio.timeout(self._settings.redis_command_timeout_seconds):
                 while True:
                     if self._closed:
                         raise BridgeClosed("the bridge is closed")
