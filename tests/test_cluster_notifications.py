@@ -10,6 +10,7 @@ In-process bridges on the real 3-master/3-replica cluster fixture; heartbeats ar
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +19,7 @@ import anyio
 import pytest
 
 from gateway.bridge.provider import open_bridge
+from gateway.errors import BackendUnavailable
 from gateway.settings import Settings
 from gateway.values import End, StreamEvent, StreamItem
 from tests.redis_servers import RedisCluster, RedisServer
@@ -51,6 +53,8 @@ def log_reads(cluster: RedisCluster) -> int:
     """read.lua's XINFO STREAM calls on every node: one per read of a log."""
     total = 0
     for node in cluster.nodes:
+        if not node.running:
+            continue
         with node.client() as c:
             stats = c.info("commandstats")
         total += int(stats.get("cmdstat_xinfo|stream", {}).get("calls", 0))
@@ -208,3 +212,46 @@ async def test_a_follower_keeps_getting_events_live_after_its_connection_is_kill
                 await anyio.sleep(0.01)
         await pushed_live(redis_cluster, follower, publish)
     assert len(follower.ids) == 12
+
+
+@pytest.mark.timeout(150)
+async def test_a_follower_keeps_getting_events_live_after_its_master_is_killed(
+    redis_cluster: RedisCluster, key_prefix: str
+) -> None:
+    """The listener's connection to the run's master drops with it and cannot be made
+    again: the listener has the slot map learned again, and subscribes on the promoted
+    replica, within seconds of the promotion."""
+    key = log_key(key_prefix, "killed-master")
+    master, replica = owner_of(redis_cluster, key)
+    assert replica is not None
+    try:
+        async with followed_run(redis_cluster, key_prefix, "killed-master") as (
+            bridge,
+            follower,
+            publish,
+        ):
+            master.kill()
+
+            def promoted() -> bool:
+                try:
+                    return owner_of(redis_cluster, key)[0].port == replica.port
+                except AssertionError:
+                    return False  # the master is marked failed, the replica not yet promoted
+
+            with anyio.fail_after(60):
+                while not await anyio.to_thread.run_sync(promoted):
+                    await anyio.sleep(0.1)
+            # The notifier's listener, failing to reach the dead master, has the slot
+            # map (which the command client shares) learned again from the other nodes.
+            with anyio.fail_after(10):
+                while True:  # a read: the bridge re-sends it until the cluster answers
+                    with contextlib.suppress(BackendUnavailable):
+                        await bridge.get_run("killed-master")
+                        break
+                    await anyio.sleep(0.1)
+            await pushed_live(redis_cluster, follower, publish)
+        assert len(follower.ids) == 12
+    finally:
+        # Back as a replica of the promoted node: the fixture's shape for later tests.
+        await anyio.to_thread.run_sync(master.restart)
+        await anyio.to_thread.run_sync(redis_cluster.wait_ok)

@@ -165,8 +165,9 @@ def _notification_router(commands: RedisClient, settings: Settings) -> Router:
 
 
 class _ClusterRouter:
-    """Shard channels of a Redis Cluster: located with the command client's slot map
-    (kept current by its own traffic; a node that no longer owns a slot answers MOVED)."""
+    """Shard channels of a Redis Cluster: located with the command client's slot map (a
+    node that no longer owns a slot answers MOVED; one that cannot be reached makes the
+    notifier `refresh` the map from the other nodes)."""
 
     def __init__(self, commands: RedisCluster, url: str, options: dict[str, Any]) -> None:
         scheme, _, rest = url.partition("://")
@@ -181,6 +182,11 @@ class _ClusterRouter:
         except redis_errors.SlotNotCoveredError:
             node = None  # mid-failover: any node redirects to the owner once there is one
         return (node or self._commands.get_default_node()).name
+
+    async def refresh(self) -> None:
+        # The slot map the command client shares (it does not always re-learn it by
+        # itself after a primary died, with its retries off).
+        await self._commands.nodes_manager.initialize()
 
     def connect(self, node: str) -> Redis:
         netloc = f"{self._userinfo}@{node}" if self._userinfo else node

@@ -17,8 +17,8 @@ listener follows:
   again on the same connection, which answers MOVED, or accepts it (the slot came back,
   or the node is now a replica in that slot's shard, which receives its messages too);
 - a lost connection: the listener reconnects with backoff, first moving every channel
-  whose slot the router now places elsewhere (the command client learns a failover from
-  its own traffic: the readers poll once per heartbeat while notifications are missing).
+  whose slot the router now places elsewhere (after a failed attempt, having asked the
+  router to learn the slots again: the node may have died and its replica taken over).
 
 Whenever a channel is subscribed again (a reconnect, a move, a retried SSUBSCRIBE), its
 feed is marked stale, so its readers read the log once: notifications sent meanwhile are
@@ -63,6 +63,11 @@ class Router(Protocol):
         """A client for `node` ("host:port", as a MOVED reply names it)."""
         ...
 
+    async def refresh(self) -> None:
+        """Learn again where slots live (a node could not be reached: it may have failed
+        over)."""
+        ...
+
 
 class OneServer:
     """A standalone Redis server: every channel lives on it."""
@@ -75,6 +80,9 @@ class OneServer:
 
     def connect(self, node: str) -> Redis:
         return self._connect()
+
+    async def refresh(self) -> None:
+        pass
 
 
 def _by_slot(channels: Iterable[str]) -> list[list[str]]:
@@ -216,8 +224,10 @@ class Notifier:
         while listener.channels:
             client = self._router.connect(listener.node)
             pubsub = client.pubsub()
+            reached = False
             try:
                 await self._connect(listener, pubsub)
+                reached = True
                 backoff = 0.05
                 while listener.channels:
                     try:
@@ -240,6 +250,11 @@ class Notifier:
                 self._tried.set()
             # The node may have lost its slots (a failover): channels the router now
             # places elsewhere move there; the rest wait for this node to come back.
+            # (A node that answers redirects by itself; one that cannot be reached
+            # leaves the router to ask the others.)
+            if not reached:
+                with suppress(redis_errors.RedisError, OSError):
+                    await self._router.refresh()
             for channel in list(listener.channels):
                 node = self._router.locate(channel)
                 if node != listener.node:
