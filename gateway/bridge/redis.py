@@ -623,6 +623,10 @@ class RedisStreamBridge:
         position) and decide what it gets: entries, a terminal item, or nothing yet."""
         after = reader.after
         read = await feed.read_shared(after, functools.partial(self._read, keys, after))
+        if not read.exists and reader.seen_stream:
+            # A removal is decided on a read of our own: a shared one may have begun
+            # before our first look found the log (its notification not yet heard).
+            read = await self._read(keys, after)
         decided = reader.decide(read)
         if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
             first, last = await self._event_bounds(keys)
