@@ -14,7 +14,8 @@
 -- ARGV[7..] event name, JSON payload, event name, JSON payload, ...
 --
 -- Every publish renews the lease by the length the producer claimed it for, and
--- PUBLISHes on the channel named like the log key so following gateways wake. The
+-- SPUBLISHes on the shard channel named like the log key (so in this script's slot: on a
+-- cluster only the slot's shard carries it) so following gateways wake. The
 -- notification carries what was appended, with the id it follows, so a gateway whose
 -- copy of the log ends there delivers without reading Redis (redis_codec.decode_push):
 --   "e <prev_id> <count>\n" then per event "<id> <name> <bytes>\n<json>"
@@ -153,9 +154,9 @@ if refresh then
 end
 -- Wake the gateways following this run (the channel is the log key's name).
 if tail and #push == count then
-  redis.call('PUBLISH', KEYS[2],
+  redis.call('SPUBLISH', KEYS[2],
     string.format('e %s %d\n', tail[1], count) .. table.concat(push))
 else
-  redis.call('PUBLISH', KEYS[2], '')
+  redis.call('SPUBLISH', KEYS[2], '')
 end
 return reply

@@ -64,7 +64,7 @@ if ARGV[1] == '' then
     if meta[3] == 'running' then
       -- Claimed, never published, lease gone: mark the record so its readers end.
       settle('', ARGV[2], '-')
-      redis.call('PUBLISH', KEYS[2], '')
+      redis.call('SPUBLISH', KEYS[2], '')
       return {'recorded', session}
     end
     if not meta[3] then
@@ -131,9 +131,9 @@ settle(end_id, ARGV[2], writer)
 -- Wake the gateways following this run, with the END itself when it follows the tail
 -- (the format of publish.lua's notifications; an END is "x ...", its data the error).
 if tail then
-  redis.call('PUBLISH', KEYS[2], string.format('x %s 1\n%s %s %d\n', tail[1], end_id, ARGV[2],
+  redis.call('SPUBLISH', KEYS[2], string.format('x %s 1\n%s %s %d\n', tail[1], end_id, ARGV[2],
     #ARGV[3]) .. ARGV[3])
 else
-  redis.call('PUBLISH', KEYS[2], '')
+  redis.call('SPUBLISH', KEYS[2], '')
 end
 return {'ok', end_id, 0, session, scanned}

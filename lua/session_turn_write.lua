@@ -16,7 +16,8 @@
 -- ARGV[7]  TTL ms (0 = no TTL: a parked turn is never swept)
 -- ARGV[8]  prune budget: at most this many expired turns are dropped from the lists
 -- ARGV[9]  the session's feed channel: told when this write creates the turn (a new
---          turn is what session feeds wait for; the channel is not a key)
+--          turn is what session feeds wait for). Not a key, but a shard channel with
+--          the `{session_id}` tag, so in this script's slot (SPUBLISH checks that)
 --
 -- Returns {"ok", session last_updated, state of the newest-created turn, turn count}
 --       | {"retired"} (nothing written) | {"conflict"} (re-read and retry)
@@ -46,7 +47,7 @@ else
 end
 redis.call('ZADD', KEYS[3], updated, run_id)
 if ARGV[2] == '0' and ARGV[9] then
-  redis.call('PUBLISH', ARGV[9], run_id)
+  redis.call('SPUBLISH', ARGV[9], run_id)
 end
 
 -- drop list entries of expired turns (their hashes are gone already), bounded

@@ -1,8 +1,8 @@
-"""The per-process change notifier (Redis pub/sub) never loses a run: a feed attached
-while the pub/sub connection is down (reconnecting) is subscribed once it is back.
+"""The per-process change notifier (Redis sharded pub/sub) never loses a run: a feed
+attached while the pub/sub connection is down (reconnecting) is subscribed once it is back.
 
 "While down" is a state the test creates, not a timing it hopes for: the notifier's real
-client (to a real Redis) fails its SUBSCRIBE calls, as a dropped connection does, until
+client (to a real Redis) fails its SSUBSCRIBE calls, as a dropped connection does, until
 the test lets them through.
 """
 
@@ -18,18 +18,18 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from gateway.bridge.keys import run_keys
-from gateway.bridge.redis_fanout import Notifier
+from gateway.bridge.redis_notifier import Notifier, OneServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 
 class FailingPubSub(PubSub):
-    down: asyncio.Event  # set: SUBSCRIBE fails
+    down: asyncio.Event  # set: SSUBSCRIBE fails
 
-    async def subscribe(self, *args: Any, **kwargs: Any) -> None:
+    async def ssubscribe(self, *args: Any, **kwargs: Any) -> None:
         if self.down.is_set():
             raise redis_errors.ConnectionError("connection lost (test)")
-        await super().subscribe(*args, **kwargs)
+        await super().ssubscribe(*args, **kwargs)
 
 
 class FlakyRedis(Redis):
@@ -51,18 +51,18 @@ async def test_a_feed_attached_while_the_connection_is_down_is_subscribed_when_b
         client.down = down
         return client
 
-    notifier = Notifier(connect, window=64)
+    notifier = Notifier(OneServer(connect), window=64)
     keys = run_keys(key_prefix, "late-run")
     async with Redis.from_url(redis_url) as raw, anyio.create_task_group() as tg:
         await tg.start(notifier.run)
         down.set()
-        async with notifier.attach(keys, "0-0") as feed:  # its SUBSCRIBE fails
+        async with notifier.attach(keys, "0-0") as feed:  # its SSUBSCRIBE fails
             down.clear()
             feed.stale = False
             for _ in range(2):  # (re-subscribing marks it stale once: then notifications)
                 with anyio.fail_after(5):
                     while not feed.stale:
-                        await raw.publish(keys.log, b"")
+                        await raw.spublish(keys.log, b"")
                         await anyio.sleep(0.05)
                 feed.stale = False
         tg.cancel_scope.cancel()

@@ -462,8 +462,8 @@ async def test_a_thousand_feeds_hold_a_bounded_number_of_redis_connections(
 async def test_on_a_redis_cluster_turns_and_retirement_reach_the_feed(
     redis_cluster: Any, key_prefix: str
 ) -> None:
-    """Session channels are published from scripts on the session's shard and heard by
-    the notifier's one pub/sub connection to any node."""
+    """Session channels are shard channels, published from scripts on the session's
+    shard and heard by the notifier's connection to that shard's node."""
     url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
     with serve(make_settings("redis", url, key_prefix), "redis") as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as c:

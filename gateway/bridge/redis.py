@@ -62,7 +62,8 @@ from . import rules
 from .base import one_by_one
 from .keys import RunKeys, check_prefix, run_keys
 from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
-from .redis_fanout import Notifier, RunFeed
+from .redis_fanout import RunFeed
+from .redis_notifier import Notifier, OneServer, Router
 from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 
@@ -146,12 +147,12 @@ def _connect(settings: Settings) -> RedisClient:
     return Redis(connection_pool=pool)
 
 
-def _notification_client(commands: RedisClient, settings: Settings) -> Callable[[], Redis]:
-    """A factory of the one pub/sub connection: to the server, or to any cluster node."""
+def _notification_router(commands: RedisClient, settings: Settings) -> Router:
+    """Where the notifier listens: the server itself, or each channel's slot owner."""
     url = settings.redis_url
     assert url is not None
     # It waits for messages indefinitely by design; only connecting is bounded. redis-py's
-    # own reconnect-and-resubscribe is off: `Notifier.run` reconnects itself, so that it
+    # own reconnect-and-resubscribe is off: the notifier reconnects itself, so that it
     # knows to subscribe every live feed and to mark them stale (notifications may have
     # been lost meanwhile).
     options: dict[str, Any] = {
@@ -159,19 +160,38 @@ def _notification_client(commands: RedisClient, settings: Settings) -> Callable[
         "retry": _no_retry(),
     }
     if isinstance(commands, Redis):
-        return lambda: Redis.from_url(url, **options)
-    scheme, _, rest = url.partition("://")
-    parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
-    userinfo = parts.netloc.rpartition("@")[0]
+        return OneServer(lambda: Redis.from_url(url, **options))
+    return _ClusterRouter(commands, url, options)
 
-    def any_node() -> Redis:
-        nodes = commands.get_nodes() or [commands.get_default_node()]
-        node = nodes[int(time.monotonic() * 1000) % len(nodes)]  # rotate across reconnects
-        netloc = f"{userinfo}@{node.host}:{node.port}" if userinfo else f"{node.host}:{node.port}"
-        address = parts._replace(netloc=netloc, query="").geturl()
-        return Redis.from_url(address, **options)
 
-    return any_node
+class _ClusterRouter:
+    """Shard channels of a Redis Cluster: located with the command client's slot map (a
+    node that no longer owns a slot answers MOVED; one that cannot be reached makes the
+    notifier `refresh` the map from the other nodes)."""
+
+    def __init__(self, commands: RedisCluster, url: str, options: dict[str, Any]) -> None:
+        scheme, _, rest = url.partition("://")
+        self._commands = commands
+        self._parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+        self._userinfo = self._parts.netloc.rpartition("@")[0]
+        self._options = options
+
+    def locate(self, channel: str) -> str:
+        try:
+            node = self._commands.get_node_from_key(channel)
+        except redis_errors.SlotNotCoveredError:
+            node = None  # mid-failover: any node redirects to the owner once there is one
+        return (node or self._commands.get_default_node()).name
+
+    async def refresh(self) -> None:
+        # The slot map the command client shares (it does not always re-learn it by
+        # itself after a primary died, with its retries off).
+        await self._commands.nodes_manager.initialize()
+
+    def connect(self, node: str) -> Redis:
+        netloc = f"{self._userinfo}@{node}" if self._userinfo else node
+        address = self._parts._replace(netloc=netloc, query="").geturl()
+        return Redis.from_url(address, **self._options)
 
 
 class RedisStreamBridge:
@@ -207,7 +227,7 @@ class RedisStreamBridge:
         # Plain counters for the HTTP layer's metrics (the bridge imports no metrics code).
         self.notifier_reconnects = 0
         self._notifier = Notifier(
-            _notification_client(commands, settings),
+            _notification_router(commands, settings),
             # Never more than retention: whatever a reader takes from the window is
             # still in the log, so a reader lagging past retention gets its gap here
             # as on every other gateway (the window keeps up to a quarter more).
@@ -464,7 +484,7 @@ class RedisStreamBridge:
         else:
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
-            await self._call(lambda: self._redis.publish(keys.log, b""))
+            await self._call(lambda: self._redis.spublish(keys.log, b""))
 
     # -- reader side ------------------------------------------------------------
 
@@ -609,6 +629,10 @@ class RedisStreamBridge:
         position) and decide what it gets: entries, a terminal item, or nothing yet."""
         after = reader.after
         read = await feed.read_shared(after, functools.partial(self._read, keys, after))
+        if not read.exists and reader.seen_stream:
+            # A removal is decided on a read of our own: a shared one may have begun
+            # before our first look found the log (its notification not yet heard).
+            read = await self._read(keys, after)
         decided = reader.decide(read)
         if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
             first, last = await self._event_bounds(keys)

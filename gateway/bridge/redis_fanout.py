@@ -1,10 +1,9 @@
 """Per-process fan-out for the Redis bridge: a run's log is read from Redis once per change
 and shared by every local subscriber of that run.
 
-- Every write script PUBLISHes on the run's channel (the log key's name). One pub/sub
-  connection per process (`Notifier`) hears it and marks the run's feed stale. Classic
-  pub/sub is broadcast to every node of a Redis Cluster, so one connection to any node
-  is enough there too.
+- Every write script SPUBLISHes on the run's shard channel (the log key's name). The
+  process's notifier (`redis_notifier.py`: one pub/sub connection per node that owns a
+  followed run's slot) hears it and pushes it to the run's feed (`RunFeed.push`).
 - A `RunFeed` per run with local subscribers keeps a bounded window of its newest
   entries. Whichever subscriber wakes first reads the new entries with `read.lua`
   (under the feed's lock); the others take them from the window.
@@ -16,43 +15,32 @@ and shared by every local subscriber of that run.
   decoded entries (`RunFeed.read_shared`).
 
 Redis connections held by a process: the bounded command pool plus one pub/sub
-connection, whatever the number of subscribers or runs. Lost notifications (a pub/sub
-reconnect) cost at most one heartbeat interval: idle subscribers re-read the feed then.
+connection per Redis node (shard) with followed runs, whatever the number of subscribers
+or runs. A resubscription marks the feeds stale (they read once), and a notification
+lost anyway costs at most one heartbeat interval: idle subscribers re-read the feed then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
-
-import anyio
-from anyio.abc import TaskStatus
-from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
 from ..cursor import EventKey, format_key, parse_cursor
 from ..values import End
 from .keys import RunKeys
 from .pacing import WakePacer
 from .redis_codec import Entry, LogRead, decode_push
-from .replies import as_text
 from .rules import missed_events
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 SHARED_READS = 8  # direct-read results a feed keeps (by position) until its next change
 # ... and for no longer than this (seconds): a log can also vanish without a notification
 # (its TTL expired), and a storm of reconnects is over well within it.
 SHARED_READ_SECONDS = 1.0
-NOTIFIER_CHANNEL = "gateway:notifier"
-# A feed whose SUBSCRIBE failed (the connection was down) is subscribed again within this.
-RETRY_SUBSCRIBE_SECONDS = 0.5
 
 
 class RunFeed:
@@ -226,139 +214,3 @@ class RunFeed:
         self._keys_window.clear()
         self.base = self.head = start
         self._base_key = self._head_key = parse_cursor(start)
-
-
-class Notifier:
-    """Owns the process's pub/sub connection and the registry of live feeds."""
-
-    def __init__(
-        self,
-        connect: Callable[[], Redis],
-        window: int,
-        on_reconnect: Callable[[], None] | None = None,
-    ) -> None:
-        self._connect = connect
-        self._window = window
-        self._on_reconnect = on_reconnect  # told each time the connection is re-established
-        self._feeds: dict[str, RunFeed] = {}
-        self._pubsub: Any = None
-        self._deferred: set[str] = set()  # feeds whose SUBSCRIBE failed: retried by `run`
-        self._closed = False
-
-    @asynccontextmanager
-    async def attach(self, keys: RunKeys, start: str) -> AsyncIterator[RunFeed]:
-        """Share the run's feed (created at `start`, the log's current tail, if new)."""
-        feed = self._feeds.get(keys.log)
-        if feed is None or feed.removed:
-            feed = RunFeed(keys, start, self._window)
-            feed.closed = self._closed
-            self._feeds[keys.log] = feed
-            await self._subscribe(keys.log)
-        feed.users += 1
-        try:
-            yield feed
-        finally:
-            feed.users -= 1
-            if feed.users == 0 and self._feeds.get(keys.log) is feed:
-                del self._feeds[keys.log]
-                with anyio.CancelScope(shield=True):
-                    await self._unsubscribe(keys.log)
-
-    def watch(self, channel: str) -> AbstractAsyncContextManager[RunFeed]:
-        """Follow the notifications of a channel that carries no run log (a session's
-        turn list): a feed nobody reads entries into (so it stays `stale`, and `push`
-        takes every message as a change), shared by every local watcher of `channel`,
-        whose `changes` counts notifications (and reconnects, which may have lost some)
-        and whose `wait` wakes on each."""
-        return self.attach(RunKeys(meta=channel, log=channel), "0-0")
-
-    async def _subscribe(self, channel: str) -> None:
-        if self._pubsub is None:
-            return  # the listener subscribes every live feed when it (re)connects
-        try:
-            await self._pubsub.subscribe(channel)
-        except (redis_errors.RedisError, OSError):
-            # The connection is down (redis-py may be reconnecting it by itself, and then
-            # re-subscribes only what it knew): the listener subscribes it shortly.
-            self._deferred.add(channel)
-            log.debug("subscribe to %s deferred", channel)
-
-    async def _unsubscribe(self, channel: str) -> None:
-        if self._pubsub is None:
-            return
-        with suppress(redis_errors.RedisError, OSError):
-            await self._pubsub.unsubscribe(channel)
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen for change notifications until cancelled, reconnecting on failure."""
-        started = False
-        connected_before = False
-        backoff = 0.05
-        while True:
-            client = self._connect()
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                # A private channel keeps the connection subscribed while no run is.
-                channels = {NOTIFIER_CHANNEL, *self._feeds}
-                await pubsub.subscribe(*channels)
-                self._pubsub = pubsub  # from now on, a new feed subscribes itself
-                # Feeds attached while we were connecting had no connection to
-                # subscribe on: without this they would hear nothing until the next
-                # reconnect, and deliver only on heartbeat polls.
-                late = [channel for channel in self._feeds if channel not in channels]
-                if late:
-                    await pubsub.subscribe(*late)
-                self._deferred.clear()  # every live feed is subscribed now
-                for feed in list(self._feeds.values()):
-                    feed.mark_stale()  # whatever happened while we were away
-                if connected_before and self._on_reconnect is not None:
-                    self._on_reconnect()
-                connected_before = True
-                if not started:
-                    started = True
-                    task_status.started()
-                backoff = 0.05
-                while True:
-                    message = await pubsub.get_message(timeout=RETRY_SUBSCRIBE_SECONDS)
-                    if self._deferred:
-                        await self._subscribe_deferred(pubsub)
-                    if message is None:
-                        continue
-                    changed = self._feeds.get(as_text(message["channel"]))
-                    if changed is not None:
-                        changed.push(message["data"])
-            except (redis_errors.RedisError, OSError) as exc:
-                log.warning("change notifications interrupted: %s", exc)
-            finally:
-                self._pubsub = None
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-                        await client.aclose()
-                    except (redis_errors.RedisError, OSError):
-                        pass
-            if not started:
-                started = True
-                task_status.started()
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    async def _subscribe_deferred(self, pubsub: Any) -> None:
-        channels = [channel for channel in self._deferred if channel in self._feeds]
-        self._deferred.clear()
-        if not channels:
-            return
-        try:
-            await pubsub.subscribe(*channels)
-        except BaseException:
-            self._deferred.update(channels)
-            raise
-        for channel in channels:
-            self._feeds[channel].mark_stale()  # notifications may have been missed
-
-    def close(self) -> None:
-        """Wake every subscriber so it notices the bridge is closed."""
-        self._closed = True
-        for feed in self._feeds.values():
-            feed.closed = True
-            feed.wake()

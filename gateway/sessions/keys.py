@@ -9,7 +9,7 @@ script is single-slot and atomic):
     <p>session:{<sid>}:turns        zset    run_id -> turn last_updated (seconds)
     <p>session:{<sid>}:exp          zset    run_id -> turn expiry (ms; +inf while parked)
     <p>session:{<sid>}:turn:<run>   hash    rev, state, doc (the turn record JSON)
-    <p>session:{<sid>}:feed         pub/sub channel (no key): a turn was created, or the
+    <p>session:{<sid>}:feed         shard channel (no key): a turn was created, or the
                                             session was retired (what session feeds wait on)
 
 Global index (both carry the `{~sessions}` tag, one slot; `~` cannot start an id):

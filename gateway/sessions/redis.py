@@ -39,7 +39,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
-from ..bridge.redis_fanout import Notifier
+from ..bridge.redis_notifier import Notifier
 from ..bridge.replies import as_text, ceil_ms
 from ..bridge.scripts import ensure_loaded, lua_source
 from ..errors import BackendUnavailable, SessionActive
@@ -241,7 +241,7 @@ class RedisSessionStore:
             self._index.both,
             ["remove", session_id, "1e308" if retire else repr(when)],
         )
-        await self._call(lambda: self._redis.publish(keys.feed, b""))  # wake its feeds
+        await self._call(lambda: self._redis.spublish(keys.feed, b""))  # wake its feeds
         return [as_text(run_id) for run_id in reply[1:]]
 
     async def is_retired(self, session_id: str) -> bool:

@@ -1,15 +1,15 @@
 """Change signals of a session's turn list: what a session feed waits on between turns.
 
 A signal counts the changes it was told of (a turn was created, the session was retired
-or cleared; on Redis also a reconnect of the notification connection, which may have
-lost some). A feed notes `changes`, reads the turns, and waits only if `changes` has not
-moved meanwhile, so a change that lands during the read is never slept through. One
-signal per session per process, shared by every local feed of that session.
+or cleared; on Redis also a resubscription of its channel, which may have lost some). A
+feed notes `changes`, reads the turns, and waits only if `changes` has not moved
+meanwhile, so a change that lands during the read is never slept through. One signal
+per session per process, shared by every local feed of that session.
 
 - Memory: `ChangeSignal`, told by `MemorySessionStore` itself (in-process).
-- Redis: the notifier's watch feed of the session's channel (`bridge/redis_fanout.py`),
-  PUBLISHed by `session_turn_write.lua` when a write creates a turn and by the retire /
-  clear path: no Redis connection and no poll per feed.
+- Redis: the notifier's watch feed of the session's shard channel
+  (`bridge/redis_notifier.py`), SPUBLISHed by `session_turn_write.lua` when a write
+  creates a turn and by the retire / clear path: no Redis connection and no poll per feed.
 """
 
 from __future__ import annotations
