@@ -16,11 +16,35 @@ SIGTERM or SIGINT: uvicorn stops accepting, SSE responses end cleanly (clients r
 elsewhere with Last-Event-ID), connections still open after `SHUTDOWN_GRACE_SECONDS`
 are cancelled, the demo producer ENDs its run, the bridge closes, and the process
 exits 0.
+
+`--workers N` (N > 1; the Redis bridge only, since memory-bridge workers would share
+no runs: that rule is part of `Settings`; `--demo` runs in one process only): the
+process started is a parent that serves nothing and opens no bridge. It builds and
+validates the settings as above, binds the one listening socket (failure: one line,
+exit 3), and hands both to N worker processes (`gateway.supervisor`, multiprocessing's
+"spawn" start method): each worker receives the parent's frozen `Settings` object
+pickled, never re-reading the environment or the flags, and runs exactly what a
+single `gateway serve` runs (`run_server`), on the inherited socket instead of binding
+its own: its own event loop, bridge, Redis pool of `redis_max_connections`, metrics
+and readiness. The kernel gives each new connection to one of the workers accepting
+on the socket. uvicorn's own supervisor (`uvicorn.supervisors.Multiprocess`, behind
+`uvicorn.run(workers=N)`) is not used: it needs the app as an import string, so each
+worker would build the app from module state or the environment instead of from
+these settings; it runs a plain `uvicorn.Server`, without `GatewayServer`'s SSE drain;
+and its worker class is not documented API. What it runs underneath,
+`uvicorn.Server.serve(sockets=...)`, is what each worker runs.
+
+SIGTERM or SIGINT to the parent sends SIGTERM to every worker, each stops as described
+above, and the parent exits 0 once they all exited 0 (a worker still running after
+`WORKER_STOP_SECONDS` is killed). A worker that ends on its own makes the parent stop
+the others and exit non-zero, for the service manager to restart the set; a parent
+killed outright takes its workers with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 import sys
@@ -43,6 +67,10 @@ if TYPE_CHECKING:
 EXIT_CONFIG: Final = 2
 EXIT_STARTUP_FAILURE: Final = 3
 SHUTDOWN_GRACE_SECONDS: Final = 5
+# A worker still running this long after its SIGTERM is killed: its graceful shutdown
+# (drain, the grace for open connections, closing the bridge) takes about the grace.
+WORKER_STOP_SECONDS: Final = SHUTDOWN_GRACE_SECONDS + 10
+LISTEN_BACKLOG: Final = 2048  # uvicorn's default backlog
 
 
 class ConfigError(Exception):
@@ -224,8 +252,11 @@ class _StopSignals:
         signal.signal(signal.SIGINT, self)
 
 
-async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
-    """Run the server until it is told to stop; returns the process exit code."""
+async def _serve(
+    settings: Settings, demo: bool, stop: _StopSignals, sockets: list[socket.socket] | None
+) -> int:
+    """Run the server until it is told to stop; returns the process exit code. `sockets`:
+    listen on these (a worker of `run_workers`) instead of binding `settings.host`/`port`."""
     import anyio
 
     from .bridge.provider import open_bridge
@@ -270,7 +301,7 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
             if demo_task is not None:
                 tg.start_soon(demo_task.run, server, started, shown, demo_key)
             try:
-                await server.serve()
+                await server.serve(sockets=sockets)
             except SystemExit as exc:  # uvicorn's startup failure (e.g. port in use)
                 exit_code = exc.code if isinstance(exc.code, int) else EXIT_STARTUP_FAILURE
             finally:
@@ -280,7 +311,9 @@ async def _serve(settings: Settings, demo: bool, stop: _StopSignals) -> int:
         return exit_code
 
 
-def run_server(settings: Settings, demo: bool) -> int:
+def run_server(
+    settings: Settings, demo: bool, sockets: list[socket.socket] | None = None
+) -> int:
     import anyio
 
     from .logging import configure_logging
@@ -295,8 +328,43 @@ def run_server(settings: Settings, demo: bool) -> int:
     except ImportError:
         use_uvloop = False
     return anyio.run(
-        _serve, settings, demo, stop, backend="asyncio", backend_options={"use_uvloop": use_uvloop}
+        _serve,
+        settings,
+        demo,
+        stop,
+        sockets,
+        backend="asyncio",
+        backend_options={"use_uvloop": use_uvloop},
     )
+
+
+def run_workers(settings: Settings) -> int:
+    """`settings.workers` processes serving one socket, bound here (see the module doc)."""
+    from .logging import configure_logging
+    from .supervisor import bind_listener, supervise
+
+    configure_logging(settings.log_format)
+    try:
+        sock = bind_listener(settings.host, settings.port, LISTEN_BACKLOG)
+    except OSError as exc:
+        _fail(f"cannot listen on {settings.host}:{settings.port}: {exc}", EXIT_STARTUP_FAILURE)
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    logging.getLogger("gateway.supervisor").info(
+        "gateway listening on %s with %d workers",
+        url,
+        settings.workers,
+        extra={"event": "listening", "workers": settings.workers},
+    )
+    return supervise(
+        _serve_worker, (settings,), sock, settings.workers, stop_timeout=WORKER_STOP_SECONDS
+    )
+
+
+def _serve_worker(settings: Settings, sock: socket.socket) -> None:
+    """One worker of `run_workers`, in its own process: the gateway on the given socket.
+    `settings` is the parent's validated object, unpickled (no environment is read)."""
+    sys.exit(run_server(settings, demo=False, sockets=[sock]))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -311,8 +379,15 @@ def serve(ctx: click.Context, /, demo: bool, **_settings: Any) -> None:
     """Run the gateway. Every setting is a flag here and an env var GATEWAY_<NAME>."""
     try:
         settings = build_settings(given_settings(ctx))
+        if demo and settings.workers > 1:
+            raise ConfigError(
+                "--demo runs in a single process: drop --workers, or point `gateway demo "
+                "--url` at the workers"
+            )
     except ConfigError as exc:
         _fail(str(exc))
+    if settings.workers > 1:
+        sys.exit(run_workers(settings))
     sys.exit(run_server(settings, demo))
 
 

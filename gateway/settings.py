@@ -13,7 +13,8 @@ setting silently left at its default).
 
 Nothing else in the package reads the environment. Settings that would serve without
 authentication on a non-loopback address are invalid (unless `allow_open_nonloopback`
-forces it), whoever builds them: the command line and library users of `create_app`.
+forces it), and so are several workers on the memory bridge (they would share no
+runs), whoever builds them: the command line and library users of `create_app`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=0, le=65535, description="Bind port (0: any free port).")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Worker processes serving the one listening socket, each with its own "
+        "bridge and Redis pool (more than 1 needs redis_url).",
+    )
     redis_url: str | None = Field(
         None,
         description="Redis URL (redis://, rediss://, redis+cluster://); "
@@ -205,5 +212,16 @@ class Settings(BaseSettings):
                 f"{self.host!r}: set --api-keys / --jwt-secret (GATEWAY_API_KEYS / "
                 "GATEWAY_JWT_SECRET), bind to 127.0.0.1, or force it with "
                 "--allow-open-nonloopback"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _workers_share_redis(self) -> Self:
+        # Memory-bridge workers would share nothing: a reader on one worker would never
+        # see what a producer wrote through another.
+        if self.workers > 1 and self.redis_url is None:
+            raise ValueError(
+                f"--workers {self.workers} (GATEWAY_WORKERS) needs the Redis bridge: set "
+                "--redis-url (GATEWAY_REDIS_URL); memory-bridge workers would share no runs"
             )
         return self

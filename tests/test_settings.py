@@ -15,6 +15,10 @@ from gateway.cli import ConfigError, build_settings, given_settings, serve
 from gateway.settings import Settings
 
 FIELDS = dict(Settings.model_fields)
+# Samples that are valid only beside another setting (a rule over several settings).
+COMPANIONS: dict[str, dict[str, str]] = {
+    "workers": {"GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +73,8 @@ def test_each_setting_reads_its_gateway_variable(
 ) -> None:
     texts, value = sample(name, FIELDS[name])
     monkeypatch.setenv(f"GATEWAY_{name.upper()}", ",".join(texts))
+    for variable, text in COMPANIONS.get(name, {}).items():
+        monkeypatch.setenv(variable, text)
     assert getattr(Settings(), name) == value
 
 
@@ -81,6 +87,8 @@ def test_each_setting_has_a_flag_that_beats_its_variable(
     given = given_settings(ctx)
     assert list(given) == [name]  # only what the command line gave
     monkeypatch.setenv(f"GATEWAY_{name.upper()}", "not used")
+    for variable, text in COMPANIONS.get(name, {}).items():
+        monkeypatch.setenv(variable, text)
     assert getattr(build_settings(given), name) == value
 
 
@@ -132,6 +140,14 @@ def test_secrets_are_checked_and_never_echoed(values: dict[str, Any], needle: st
     assert "short-secret" not in str(caught.value) and "k1" not in str(caught.value)
     good = Settings(api_keys=("key-123456",), jwt_secret="s" * 40)
     assert "key-123456" not in repr(good) and "s" * 40 not in repr(good)
+
+
+def test_several_workers_need_the_redis_bridge() -> None:
+    # Memory-bridge workers would share no runs: refused for library users too.
+    with pytest.raises(ValidationError, match="needs the Redis bridge"):
+        Settings(workers=2)
+    assert Settings(workers=2, redis_url="redis://127.0.0.1:6379/0").workers == 2
+    assert Settings(workers=1).workers == 1
 
 
 def test_settings_are_frozen() -> None:
