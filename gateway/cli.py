@@ -311,9 +311,7 @@ async def _serve(
         return exit_code
 
 
-def run_server(
-    settings: Settings, demo: bool, sockets: list[socket.socket] | None = None
-) -> int:
+def run_server(settings: Settings, demo: bool, sockets: list[socket.socket] | None = None) -> int:
     import anyio
 
     from .logging import configure_logging

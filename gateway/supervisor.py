@@ -145,18 +145,21 @@ def _watch(procs: list[BaseProcess], wakeup: _Wakeup, stop_timeout: float) -> in
     sent_term: set[int] = set()
     killed = False
     while True:
-        for index, proc in enumerate(procs):
-            if index in exited or proc.exitcode is None:
+        # One reading of the exit codes per round: a worker ending meanwhile is still
+        # counted alive, so its sentinel wakes the next round and its exit is logged.
+        codes = [proc.exitcode for proc in procs]
+        for index, (proc, code) in enumerate(zip(procs, codes, strict=True)):
+            if index in exited or code is None:
                 continue
             exited.add(index)
             log.log(
-                logging.INFO if proc.exitcode == 0 else logging.WARNING,
+                logging.INFO if code == 0 else logging.WARNING,
                 "worker exited",
-                extra={"event": "worker_exited", "pid": proc.pid, "exit_code": proc.exitcode},
+                extra={"event": "worker_exited", "pid": proc.pid, "exit_code": code},
             )
             if failed is None and kill_at is None and not wakeup.signalled:
-                failed = _exit_code(proc.exitcode) or 1  # even a clean exit was not asked for
-        alive = [proc for proc in procs if proc.exitcode is None]
+                failed = _exit_code(code) or 1  # even a clean exit was not asked for
+        alive = [proc for proc, code in zip(procs, codes, strict=True) if code is None]
         if not alive:
             break
         if kill_at is None and (wakeup.signalled or failed is not None):
