@@ -17,6 +17,8 @@ from gateway.http import sessions_routes
 from gateway.http.app import create_app
 from gateway.http.auth import mint_subscriber_token
 from gateway.settings import Settings
+from tests.http_server import ProducerClient, make_settings, serve
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -134,3 +136,24 @@ async def test_clear_409_while_running_then_retire(
         assert (await client.get("/v1/sessions", headers=OP)).json() == {"sessions": []}
         res = await client.get("/v1/sessions/s/turns", headers=OP)
         assert res.status_code == 200 and res.json() == {"turns": []}
+
+
+async def test_events_a_turn_does_not_fold_in_cost_the_session_store_nothing(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    # Only what Redis ran tells: the turn reads up to the turn's whole text, so a
+    # read per event would make a long answer's cost grow with its length.
+    settings = make_settings("redis", fresh_redis.url, key_prefix)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
+            producer = await ProducerClient.claim(client, session_id="chat-quiet")
+            with fresh_redis.client() as raw:
+                raw.config_resetstat()
+                for n in range(20):
+                    await producer.publish(("progress", {"step": n}))
+                calls = {name: stats["calls"] for name, stats in raw.info("commandstats").items()}
+                await producer.publish(("token", {"text": "hi"}))
+                after = {name: stats["calls"] for name, stats in raw.info("commandstats").items()}
+    assert calls.get("cmdstat_exists", 0) == 0, calls  # no retirement check
+    assert calls["cmdstat_hmget"] == 20, calls  # publish.lua's own read, nothing more
+    assert after["cmdstat_hmget"] > calls["cmdstat_hmget"] + 1, after  # a turn event does

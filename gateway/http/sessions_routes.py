@@ -36,6 +36,7 @@ from starlette.routing import Route
 from ..errors import GatewayError
 from ..names import check_session_id
 from ..sessions.base import SessionStore, parse_flag, parse_limit
+from ..sessions.turns import touches_turn
 from ..values import EndStatus
 from . import access
 from .responses import json_response
@@ -66,8 +67,11 @@ async def record_claim(
 async def record_events(
     request: Request, session_id: str | None, run_id: str, events: Sequence[tuple[str, Any]]
 ) -> None:
-    """After the bridge accepted event(s) of a run recorded under `session_id`."""
-    if session_id is not None and events:
+    """After the bridge accepted event(s) of a run recorded under `session_id`.
+
+    Batches with no event a turn folds in cost the store nothing (no read, no write).
+    """
+    if session_id is not None and touches_turn(events):
         await _quietly(
             "apply_events",
             session_store(request).apply_events(session_id, run_id, list(events), time.time()),

@@ -46,6 +46,7 @@ whatever the producer sends.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -123,6 +124,12 @@ def copy_turn(turn: dict[str, Any]) -> dict[str, Any]:
     """A deep, detached copy (what readers get, so they never alias stored state)."""
     copied: dict[str, Any] = orjson.loads(encode_json(turn))
     return copied
+
+
+def touches_turn(events: Iterable[tuple[str, Any]]) -> bool:
+    """Whether any of `events` is one a turn record folds in (the others leave it as is,
+    so a store need not even read the record for them)."""
+    return any(name in TURN_EVENTS for name, _ in events)
 
 
 def apply_events(
