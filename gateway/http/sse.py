@@ -44,9 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, Final, Literal
 
 import anyio
 from starlette.responses import Response
@@ -58,6 +57,7 @@ from .errors import public_detail
 from .frames import RUN, Framing
 from .metrics import Metrics, ResumeOutcome
 from .observe import lifecycle, record_of
+from .send_watch import SendWatch
 from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger(__name__)
@@ -407,7 +407,7 @@ class _Stream:
         self.sent = 0  # data events written
         self._task = task
         self._cancels = 0  # our cancellations of the task not yet withdrawn
-        self._watch = _SendWatch.of(asyncio.get_running_loop())
+        self._watch = SendWatch.of(asyncio.get_running_loop())
 
     async def send(self, send: Send, body: bytes, *, more: bool) -> None:
         self._watch.begin(self)
@@ -415,6 +415,10 @@ class _Stream:
             await send({"type": "http.response.body", "body": body, "more_body": more})
         finally:
             self._watch.end(self)
+
+    def send_timed_out(self) -> None:
+        """The send in flight has been pending for `timeout` seconds (`SendWatch`)."""
+        self.stop("send timeout")
 
     def drain(self) -> None:
         """Server shutdown: end the response after the write in flight, or at once."""
@@ -459,52 +463,6 @@ class _Stream:
         task = self._task
         if self._cancels and task is not None and not task.done() and self.state != _CLOSING:
             self._cancel()
-
-
-class _SendWatch:
-    """The send timeout of every SSE response on one loop: one timer, not one per write.
-
-    Writers register a send while it is in flight; while any is, a tick (a quarter of
-    the shortest timeout, at most 1 s) stops the writers whose send has been pending for
-    their timeout: a client that stopped reading is dropped within ~1.25x the timeout.
-    """
-
-    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SendWatch]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._inflight: dict[_Stream, float] = {}
-        self._handle: asyncio.TimerHandle | None = None
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> _SendWatch:
-        watch = cls._by_loop.get(loop)
-        if watch is None:
-            watch = cls._by_loop[loop] = cls(loop)
-        return watch
-
-    def begin(self, writer: _Stream) -> None:
-        self._inflight[writer] = self._loop.time()
-        if self._handle is None:
-            self._handle = self._loop.call_later(min(1.0, writer.timeout / 4), self._tick)
-
-    def end(self, writer: _Stream) -> None:
-        self._inflight.pop(writer, None)
-
-    def sending(self, writer: _Stream) -> bool:
-        return writer in self._inflight
-
-    def _tick(self) -> None:
-        self._handle = None
-        now = self._loop.time()
-        for writer, since in list(self._inflight.items()):
-            if now - since >= writer.timeout:
-                writer.stop("send timeout")
-        if self._inflight:
-            tick = min(1.0, min(w.timeout for w in self._inflight) / 4)
-            self._handle = self._loop.call_later(tick, self._tick)
 
 
 async def _aclose(items: AsyncIterator[Sequence[StreamItem]]) -> None:
