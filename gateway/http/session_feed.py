@@ -44,7 +44,7 @@ from .frames import HEARTBEAT_FRAME, SHUTDOWN_FRAME, event_frame, gap_payload
 from .observe import lifecycle, record_of
 from .responses import no_content
 from .routing import SSERoute
-from .sse import _BUSY, _READING, COALESCE_BYTES, SSEResponse, _Stream
+from .sse import COALESCE_BYTES, Outcome, SSEResponse, StreamState, _Stream
 from .state import GatewayState, gateway_state
 from .subscriber import cursor_of
 from .subscriptions import SubscriptionRegistry
@@ -170,21 +170,21 @@ class SessionFeedResponse(SSEResponse):
         """Read a step, write it; until the feed ends, a drain or a backend failure."""
         while True:
             if stream.draining:
-                await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+                await self._last_frame(send, stream, SHUTDOWN_FRAME, Outcome.DRAIN)
                 return
-            stream.state = _READING
+            stream.state = StreamState.READING
             try:
                 run_id, items = await anext(batches)
             except StopAsyncIteration:
-                await self._last_frame(send, stream, b"", "end")
+                await self._last_frame(send, stream, b"", Outcome.END)
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
                 frame = feed_unavailable_frame(self.session_id, str(exc) or "backend failure")
-                await self._last_frame(send, stream, frame, "unavailable")
+                await self._last_frame(send, stream, frame, Outcome.UNAVAILABLE)
                 return
             finally:
-                stream.state = _BUSY
+                stream.state = StreamState.BUSY
             if await self._write_step(send, stream, run_id, items):
                 return
 
@@ -210,12 +210,12 @@ class SessionFeedResponse(SSEResponse):
             else:  # StreamGap or RETIRED: the feed's last write
                 if isinstance(item, Retired):
                     chunks.append(retired_frame(self.session_id))
-                    stream.outcome = "end"
+                    stream.outcome = Outcome.END
                 else:
                     assert isinstance(item, StreamGap)
                     chunks.append(feed_gap_frame(self.session_id, run_id or "", item))
                     self._feed_gap_served(run_id or "", item)
-                    stream.outcome = "gap"
+                    stream.outcome = Outcome.GAP
                 await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
                 return True
             chunks.append(frame)
