@@ -26,7 +26,7 @@ import math
 import secrets
 import time
 from bisect import bisect_right
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,7 +315,7 @@ class MemoryStreamBridge:
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         return one_by_one(self._batches(run_id, last_event_id, heartbeat_interval, 1))
 
     def subscribe_batches(
@@ -323,7 +323,7 @@ class MemoryStreamBridge:
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[Sequence[StreamItem]]:
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
         return self._batches(run_id, last_event_id, heartbeat_interval, None)
 
     def _batches(

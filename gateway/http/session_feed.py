@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -49,7 +49,7 @@ from .state import GatewayState, gateway_state
 from .subscriber import cursor_of
 from .subscriptions import SubscriptionRegistry
 
-Follow = Callable[[Callable[[str | None], None]], AsyncIterator[FeedStep]]
+Follow = Callable[[Callable[[str | None], None]], AsyncGenerator[FeedStep, None]]
 
 
 def _frame(cursor: bytes, event: bytes, payload: Any) -> bytes:
@@ -261,7 +261,7 @@ def _follow(
     cursor: SessionCursor | None,
     heartbeat_interval: float,
     on_turn: Callable[[str | None], None],
-) -> AsyncIterator[FeedStep]:
+) -> AsyncGenerator[FeedStep, None]:
     return follow_session(
         state.bridge, state.sessions, session_id, cursor, heartbeat_interval, on_turn
     )

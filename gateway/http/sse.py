@@ -61,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from enum import Enum, StrEnum
 from typing import Any, Final, Literal
 
@@ -69,6 +69,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from ..bridge.base import close_subscription
 from ..errors import BackendUnavailable, BridgeClosed
 from ..values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from .errors import public_detail
@@ -87,9 +88,8 @@ SSE_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
 )
 COALESCE_BYTES: Final = 64 * 1024
 SEND_TIMEOUT: Final = 30.0
-CLOSE_TIMEOUT: Final = 5.0
 
-Subscribe = Callable[[], AsyncIterator[Sequence[StreamItem]]]
+Subscribe = Callable[[], AsyncGenerator[Sequence[StreamItem], None]]
 # How the reader asked to start: no cursor, a malformed one, or a valid one (whose
 # outcome, exact or a gap, is known at the subscription's first item).
 ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
@@ -228,7 +228,7 @@ class SSEResponse(Response):
             watcher.cancel()
             # Close the bridge subscription (shielded) so every resource is freed when
             # the response returns.
-            await _aclose(batches)
+            await close_subscription(batches)
             await asyncio.wait([watcher])
             if stream.stopped is Stop.SEND_TIMEOUT:
                 stream.outcome = Outcome.SEND_TIMEOUT
@@ -513,11 +513,3 @@ class _Stream:
             and self.state is not StreamState.CLOSING
         ):
             self._cancel()
-
-
-async def _aclose(items: AsyncIterator[Sequence[StreamItem]]) -> None:
-    """Close the bridge iterator, shielded: its cleanup runs even when we are cancelled."""
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
-            await aclose()
