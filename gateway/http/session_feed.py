@@ -41,7 +41,7 @@ from ..sessions.feed import FeedStep, Retired, TurnOpened, follow_session
 from ..values import End, Heartbeat, StreamEvent, StreamGap
 from . import access
 from .frames import HEARTBEAT_FRAME, SHUTDOWN_FRAME, event_frame, gap_payload
-from .observe import lifecycle, record_of
+from .observe import record_of
 from .responses import no_content
 from .routing import SSERoute
 from .sse import COALESCE_BYTES, Outcome, SSEResponse, StreamState, _Stream
@@ -128,22 +128,6 @@ class SessionFeedResponse(SSEResponse):
         if run_id is not None:
             self._registry.watch_run(run_id)
 
-    def _feed_gap_served(self, run_id: str, gap: StreamGap) -> None:
-        """`_gap_served`, naming the turn's run and the session in the log line."""
-        if self._metrics is not None:
-            self._metrics.gaps[gap.reason].inc()
-        lifecycle(
-            "gap",
-            "gap served",
-            run_id=run_id,
-            session_id=self.session_id,
-            request_id=self._request_id,
-            reason=gap.reason,
-            requested_event_id=gap.requested_event_id,
-            earliest_available_event_id=gap.earliest_available_event_id,
-            latest_available_event_id=gap.latest_available_event_id,
-        )
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         record = record_of(scope)
         self._request_id = None if record is None else record.request_id
@@ -214,7 +198,7 @@ class SessionFeedResponse(SSEResponse):
                 else:
                     assert isinstance(item, StreamGap)
                     chunks.append(feed_gap_frame(self.session_id, run_id or "", item))
-                    self._feed_gap_served(run_id or "", item)
+                    self._gap_served(item, run_id or "", self.session_id)
                     stream.outcome = Outcome.GAP
                 await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
                 return True

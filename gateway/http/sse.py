@@ -361,13 +361,18 @@ class SSEResponse(Response):
             error=type(exc).__name__,
         )
 
-    def _gap_served(self, gap: StreamGap) -> None:
+    def _gap_served(
+        self, gap: StreamGap, run_id: str | None = None, session_id: str | None = None
+    ) -> None:
+        """Count the gap and log it, naming its run (this response's unless given) and,
+        for a session feed, the session."""
         if self._metrics is not None:
             self._metrics.gaps[gap.reason].inc()
         lifecycle(
             "gap",
             "gap served",
-            run_id=self.run_id,
+            run_id=self.run_id if run_id is None else run_id,
+            session_id=session_id,
             request_id=self._request_id,
             reason=gap.reason,
             requested_event_id=gap.requested_event_id,
