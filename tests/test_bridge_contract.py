@@ -27,7 +27,7 @@ from uuid import uuid4
 import anyio
 import pytest
 
-from gateway.bridge.base import StreamBridge
+from gateway.bridge.base import StreamBridge, close_subscription
 from gateway.cursor import parse_cursor
 from gateway.errors import BridgeClosed, InvalidInput, ProducerFenced, RunOwned, StreamEnded
 from gateway.values import (
@@ -81,10 +81,7 @@ async def subscription(
     try:
         yield it
     finally:
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await aclose()
+        await close_subscription(it)
 
 
 async def next_item(it: AsyncIterator[StreamItem], *, heartbeats: bool = False) -> StreamItem:
@@ -1099,7 +1096,7 @@ async def read_batches(
                 return batches
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            await it.aclose()  # type: ignore[attr-defined]
+            await it.aclose()
     raise AssertionError(f"ended without End/StreamGap after {batches!r}")
 
 
@@ -1127,7 +1124,7 @@ async def test_subscribe_batches_yields_what_subscribe_does_grouped(bridge: Stre
                         return
             finally:
                 with anyio.CancelScope(shield=True):
-                    await it.aclose()  # type: ignore[attr-defined]
+                    await it.aclose()
 
         async with anyio.create_task_group() as tg:
             ready = anyio.Event()

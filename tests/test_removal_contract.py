@@ -54,7 +54,7 @@ async def reading(
         yield it
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            await it.aclose()  # type: ignore[attr-defined]
+            await it.aclose()
 
 
 async def until_terminal(it: AsyncIterator[StreamItem], *, idle_ok: bool = False) -> list[Any]:

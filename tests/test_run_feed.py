@@ -1,8 +1,12 @@
 """Unit tests of the Redis fan-out's shared window (`RunFeed`), fed reads and pushes the
-way the bridge feeds it, so each rule is checked without timing."""
+way the bridge feeds it, so each rule is checked without timing: the window's rules, the
+shared direct reads of a reconnect storm, one refresher at a time, and wake-ups."""
 
 from __future__ import annotations
 
+import asyncio
+
+import anyio
 import pytest
 
 from gateway.bridge.keys import run_keys
@@ -83,3 +87,127 @@ def test_a_feed_behind_the_floor_restarts_its_window_there() -> None:
     f.take(log("1-1"), 512)
     f.take(log("1-9", floor="1-8"), 512)  # trimmed (or removed) past our head
     assert f.after((1, 1)) is None  # readers at 1-1 must read Redis (and get their gap)
+
+
+# -- shared direct reads, one refresher at a time, wake-ups ----------------------------
+
+
+class Reads:
+    """A direct read the test releases: counts how often the feed's callers ran it."""
+
+    def __init__(self, result: object = "entries") -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+        self.result = result
+
+    async def __call__(self) -> object:
+        self.calls += 1
+        await self.release.wait()
+        return self.result
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_readers_asking_for_the_same_position_at_once_share_one_read() -> None:
+    f, reads = feed(), Reads()
+    first = asyncio.ensure_future(f.read_shared("1-1", reads))
+    await asyncio.sleep(0)  # the first read is in flight
+    joined = asyncio.ensure_future(f.read_shared("1-1", reads))
+    other = asyncio.ensure_future(f.read_shared("1-2", reads))  # another position: its own
+    await asyncio.sleep(0)
+    reads.release.set()
+    with anyio.fail_after(2):
+        results = await asyncio.gather(first, joined, other)
+    assert results == ["entries"] * 3
+    assert reads.calls == 2  # one for 1-1 (shared), one for 1-2
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_a_change_makes_later_readers_read_afresh() -> None:
+    f, reads = feed(), Reads()
+    reads.release.set()
+    with anyio.fail_after(2):
+        await f.read_shared("1-1", reads)
+        await f.read_shared("1-1", reads)  # a moment later, nothing changed: shared
+        assert reads.calls == 1
+        f.mark_stale()  # a notification: what was read may be out of date
+        await f.read_shared("1-1", reads)
+    assert reads.calls == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_readers_who_joined_a_failed_read_read_for_themselves() -> None:
+    f = feed()
+    started, fail = asyncio.Event(), asyncio.Event()
+
+    async def failing() -> object:
+        started.set()
+        await fail.wait()
+        raise ConnectionError("redis went away")
+
+    first = asyncio.ensure_future(f.read_shared("1-1", failing))
+    with anyio.fail_after(2):
+        await started.wait()
+    reads = Reads("own")
+    reads.release.set()
+    joined = asyncio.ensure_future(f.read_shared("1-1", reads))
+    await asyncio.sleep(0)  # joined the failing read
+    fail.set()
+    with anyio.fail_after(2):
+        with pytest.raises(ConnectionError):
+            await first
+        assert await joined == "own"
+    assert reads.calls == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_one_reader_refreshes_and_those_queued_behind_it_take_its_result() -> None:
+    f = feed()
+    f.mark_stale()
+    entered, leave = asyncio.Event(), asyncio.Event()
+    seen: list[bool] = []
+
+    async def refresh() -> None:
+        async with f.refreshing() as mine:
+            seen.append(mine)
+            if mine:
+                entered.set()
+                await leave.wait()
+
+    first = asyncio.ensure_future(refresh())
+    with anyio.fail_after(2):
+        await entered.wait()
+    queued = asyncio.ensure_future(refresh())  # waits for the lock
+    await asyncio.sleep(0)
+    leave.set()
+    with anyio.fail_after(2):
+        await asyncio.gather(first, queued)
+    assert seen == [True, False]  # the second found the feed fresh: no read of its own
+    assert not f.stale
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_a_refresh_that_fails_leaves_the_feed_stale() -> None:
+    f = feed()
+    f.mark_stale()
+    with pytest.raises(ConnectionError):
+        async with f.refreshing() as mine:
+            assert mine
+            raise ConnectionError("redis went away")
+    assert f.stale  # the next reader reads again
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_a_change_wakes_a_waiting_reader() -> None:
+    f = feed()
+    waiting = asyncio.ensure_future(f.wait(30))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    f.mark_stale()
+    with anyio.fail_after(2):  # far sooner than the 30 s wait: the change woke it
+        await waiting

@@ -4,14 +4,23 @@ A run is an append-only log with one leased producer. Writers `claim` a run and 
 the token on every write; readers `subscribe` with an optional cursor and receive
 `StreamEvent`s, then exactly one terminal item (`End` or `StreamGap`), with `HEARTBEAT`
 whenever they sat idle for the heartbeat interval.
+
+A subscription is an async generator: whoever stops reading one early closes it
+(`close_subscription`), which runs the backend's cleanup at once rather than whenever
+the garbage collector gets to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, Final, Protocol, runtime_checkable
+
+import anyio
 
 from ..values import Claim, EndResult, EndStatus, LeaseState, PublishResult, RunInfo, StreamItem
+
+# How long closing a subscription may take (seconds) before its reader gives up on it.
+CLOSE_TIMEOUT: Final = 5.0
 
 
 @runtime_checkable
@@ -80,7 +89,7 @@ class StreamBridge(Protocol):
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Replay from the cursor, then follow live (cursor rules: docs/protocol.md §2.2)."""
         ...
 
@@ -89,7 +98,7 @@ class StreamBridge(Protocol):
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[Sequence[StreamItem]]:
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
         """`subscribe`, but every step yields all the items ready at once, in order.
 
         The same items as `subscribe` in the same order, grouped: each list is non-empty
@@ -123,7 +132,7 @@ class StreamBridge(Protocol):
 
 async def one_by_one(
     batches: AsyncGenerator[Sequence[StreamItem], None],
-) -> AsyncIterator[StreamItem]:
+) -> AsyncGenerator[StreamItem, None]:
     """The items of `batches` one at a time (`subscribe` from `subscribe_batches`).
 
     Closing this closes `batches`, so the backend's cleanup runs.
@@ -134,3 +143,11 @@ async def one_by_one(
                 yield item
     finally:
         await batches.aclose()
+
+
+async def close_subscription(items: AsyncGenerator[Any, None]) -> None:
+    """Close a subscription (or a generator over one), shielded and bounded: its cleanup
+    runs even when the caller is being cancelled, and a stuck one costs at most
+    `CLOSE_TIMEOUT`."""
+    with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+        await items.aclose()

@@ -11,11 +11,12 @@ with a moving head (evicted slots are dropped and the list compacted once half o
 dead), parallel parsed keys for `bisect` on reconnect, and absolute positions
 (`base + index`) so that a reader's step is O(1) and survives compaction.
 
-Fan-out. Readers wait on the generation's `_Signal`; a publish only schedules one
-wake-up (replace-and-set), so a publish costs the same for 1 or 10,000 subscribers and a
-burst of publishes coalesces into one wake-up, after which each reader takes everything
-new as one slice of the log (`subscribe_batches`). Wake-ups are paced (`pacing.py`) so
-that readers who cannot keep up never take the loop away from their producer.
+Fan-out. Readers wait on the generation's `Signal` (`deadlines.py`); a publish only
+schedules one wake-up (replace-and-set), so a publish costs the same for 1 or 10,000
+subscribers and a burst of publishes coalesces into one wake-up, after which each reader
+takes everything new as one slice of the log (`subscribe_batches`). Wake-ups are paced
+(`pacing.py`) so that readers who cannot keep up never take the loop away from their
+producer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import math
 import secrets
 import time
 from bisect import bisect_right
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,82 +61,10 @@ from ..values import (
 )
 from . import rules
 from .base import one_by_one
+from .deadlines import Deadlines, Signal
 from .pacing import WakePacer
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
-# Heartbeat deadlines are kept to this resolution (seconds): a heartbeat may come this
-# much later than the interval, and one timer serves every reader due in the same slot.
-DEADLINE_RESOLUTION = 0.025
-
-
-class _Signal:
-    """A one-shot wake-up (what `asyncio.Event` is used for here), waited with a deadline.
-
-    Lighter per waiting reader than `Event.wait()` under `asyncio.timeout_at`: one future
-    and a place in a shared deadline bucket, no timer of its own, no timeout context (an
-    idle subscription is what a process holds thousands of).
-    """
-
-    __slots__ = ("_waiters", "fired")
-
-    def __init__(self) -> None:
-        self.fired = False
-        self._waiters: set[asyncio.Future[bool]] = set()
-
-    def fire(self) -> None:
-        self.fired = True
-        waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(True)
-
-    async def wait_until(self, deadlines: _Deadlines, deadline: float) -> bool:
-        """True once fired, False when `deadline` (loop time) passes first."""
-        if self.fired:
-            return True
-        waiter: asyncio.Future[bool] = deadlines.loop.create_future()
-        self._waiters.add(waiter)
-        bucket = deadlines.add(deadline, waiter)
-        try:
-            return await waiter
-        finally:
-            bucket.discard(waiter)
-            self._waiters.discard(waiter)
-
-
-class _Deadlines:
-    """Waiters' deadlines rounded up to `DEADLINE_RESOLUTION`: one loop timer per bucket.
-
-    Readers woken together by a publish go back to wait together, so their heartbeat
-    deadlines fall in the same bucket; a timer per wait (created and cancelled for every
-    event a reader takes) was a tenth of the cost of delivering one.
-    """
-
-    __slots__ = ("_buckets", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._buckets: dict[int, tuple[set[asyncio.Future[bool]], asyncio.TimerHandle]] = {}
-
-    def add(self, deadline: float, waiter: asyncio.Future[bool]) -> set[asyncio.Future[bool]]:
-        slot = math.ceil(deadline / DEADLINE_RESOLUTION)
-        entry = self._buckets.get(slot)
-        if entry is None:
-            timer = self.loop.call_at(slot * DEADLINE_RESOLUTION, self._expire, slot)
-            entry = self._buckets[slot] = (set(), timer)
-        entry[0].add(waiter)
-        return entry[0]
-
-    def _expire(self, slot: int) -> None:
-        waiters, _timer = self._buckets.pop(slot)
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(False)
-
-    def cancel(self) -> None:
-        for _waiters, timer in self._buckets.values():
-            timer.cancel()
-        self._buckets.clear()
 
 
 @dataclass(eq=False)
@@ -152,7 +81,7 @@ class _Generation:
     trimmed: bool = False  # this generation evicted events itself
     end: End | None = None
     retired: bool = False
-    changed: _Signal = field(default_factory=lambda: _Signal())
+    changed: Signal = field(default_factory=lambda: Signal())
     pacer: WakePacer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -160,7 +89,7 @@ class _Generation:
 
     def wake(self) -> None:
         """Wake every reader waiting on this generation (one signal for all of them)."""
-        signal, self.changed = self.changed, _Signal()
+        signal, self.changed = self.changed, Signal()
         signal.fire()
 
     @property
@@ -199,7 +128,7 @@ class _Run:
 class _Pending:
     """Readers of a run that has no log yet, waiting for its first generation."""
 
-    created: _Signal = field(default_factory=lambda: _Signal())
+    created: Signal = field(default_factory=lambda: Signal())
     readers: int = 0
 
 
@@ -220,7 +149,7 @@ class MemoryStreamBridge:
         self._runs: dict[str, _Run] = {}
         self._pending: dict[str, _Pending] = {}
         self._timers: set[asyncio.TimerHandle] = set()
-        self._deadlines: _Deadlines | None = None  # made on the loop of the first reader
+        self._deadlines: Deadlines | None = None  # made on the loop of the first reader
         self._closed = False
 
     # ------------------------------------------------------------------ producers
@@ -386,7 +315,7 @@ class MemoryStreamBridge:
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         return one_by_one(self._batches(run_id, last_event_id, heartbeat_interval, 1))
 
     def subscribe_batches(
@@ -394,7 +323,7 @@ class MemoryStreamBridge:
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[Sequence[StreamItem]]:
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
         return self._batches(run_id, last_event_id, heartbeat_interval, None)
 
     def _batches(
@@ -515,9 +444,9 @@ class MemoryStreamBridge:
         finally:
             self._release(run_id, pending)
 
-    def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
+    def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> Deadlines:
         if self._deadlines is None:
-            self._deadlines = _Deadlines(loop)
+            self._deadlines = Deadlines(loop)
         return self._deadlines
 
     def _release(self, run_id: str, pending: _Pending | None) -> None:

@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
@@ -574,7 +574,7 @@ class RedisStreamBridge:
         run_id: str,
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         return one_by_one(self.subscribe_batches(run_id, last_event_id, heartbeat_interval))
 
     def subscribe_batches(

@@ -2,6 +2,7 @@
 
 app.py            create_app(settings, bridge=None), lifespan, drain()
 server.py         GatewayServer: uvicorn server that drains SSE on shutdown
+connections.py    the HTTP/1.1 protocol with head-size, head-deadline and connection limits
 producer.py       POST /v1/runs, /events, /end, /lease
 subscriber.py     GET /v1/runs/{id}, /stream, /wait; POST /cancel
 operator.py       DELETE /v1/runs/{id}
@@ -10,8 +11,10 @@ sessions_routes.py /v1/sessions, /turns, DELETE /v1/sessions/{id}
 ui_stream.py      GET /v1/sessions/{id}/ui-stream (AI SDK UI message stream)
 ops.py            /healthz, /readyz, /metrics
 sse.py            the SSE response (lean ASGI streaming)
+send_watch.py     the SSE send timeout: one timer per loop for every write in flight
 frames.py         SSE frame encoding, one Framing per kind of stream
 routing.py        SSERoute: the SSE routes, known in one place
+guards.py         checks before any route: loopback Host in open mode, header count
 cors.py           the CORS rules (Starlette's CORSMiddleware)
 errors.py         the one exception → HTTP error boundary
 bodies.py         bounded JSON bodies and input validation

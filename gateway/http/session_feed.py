@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -41,15 +41,15 @@ from ..sessions.feed import FeedStep, Retired, TurnOpened, follow_session
 from ..values import End, Heartbeat, StreamEvent, StreamGap
 from . import access
 from .frames import HEARTBEAT_FRAME, SHUTDOWN_FRAME, event_frame, gap_payload
-from .observe import lifecycle, record_of
+from .observe import record_of
 from .responses import no_content
 from .routing import SSERoute
-from .sse import _BUSY, _READING, COALESCE_BYTES, SSEResponse, _Stream
+from .sse import COALESCE_BYTES, Outcome, SSEResponse, StreamState, _Stream
 from .state import GatewayState, gateway_state
 from .subscriber import cursor_of
 from .subscriptions import SubscriptionRegistry
 
-Follow = Callable[[Callable[[str | None], None]], AsyncIterator[FeedStep]]
+Follow = Callable[[Callable[[str | None], None]], AsyncGenerator[FeedStep, None]]
 
 
 def _frame(cursor: bytes, event: bytes, payload: Any) -> bytes:
@@ -128,22 +128,6 @@ class SessionFeedResponse(SSEResponse):
         if run_id is not None:
             self._registry.watch_run(run_id)
 
-    def _feed_gap_served(self, run_id: str, gap: StreamGap) -> None:
-        """`_gap_served`, naming the turn's run and the session in the log line."""
-        if self._metrics is not None:
-            self._metrics.gaps[gap.reason].inc()
-        lifecycle(
-            "gap",
-            "gap served",
-            run_id=run_id,
-            session_id=self.session_id,
-            request_id=self._request_id,
-            reason=gap.reason,
-            requested_event_id=gap.requested_event_id,
-            earliest_available_event_id=gap.earliest_available_event_id,
-            latest_available_event_id=gap.latest_available_event_id,
-        )
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         record = record_of(scope)
         self._request_id = None if record is None else record.request_id
@@ -170,21 +154,21 @@ class SessionFeedResponse(SSEResponse):
         """Read a step, write it; until the feed ends, a drain or a backend failure."""
         while True:
             if stream.draining:
-                await self._last_frame(send, stream, SHUTDOWN_FRAME, "drain")
+                await self._last_frame(send, stream, SHUTDOWN_FRAME, Outcome.DRAIN)
                 return
-            stream.state = _READING
+            stream.state = StreamState.READING
             try:
                 run_id, items = await anext(batches)
             except StopAsyncIteration:
-                await self._last_frame(send, stream, b"", "end")
+                await self._last_frame(send, stream, b"", Outcome.END)
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
                 frame = feed_unavailable_frame(self.session_id, str(exc) or "backend failure")
-                await self._last_frame(send, stream, frame, "unavailable")
+                await self._last_frame(send, stream, frame, Outcome.UNAVAILABLE)
                 return
             finally:
-                stream.state = _BUSY
+                stream.state = StreamState.BUSY
             if await self._write_step(send, stream, run_id, items):
                 return
 
@@ -210,12 +194,12 @@ class SessionFeedResponse(SSEResponse):
             else:  # StreamGap or RETIRED: the feed's last write
                 if isinstance(item, Retired):
                     chunks.append(retired_frame(self.session_id))
-                    stream.outcome = "end"
+                    stream.outcome = Outcome.END
                 else:
                     assert isinstance(item, StreamGap)
                     chunks.append(feed_gap_frame(self.session_id, run_id or "", item))
-                    self._feed_gap_served(run_id or "", item)
-                    stream.outcome = "gap"
+                    self._gap_served(item, run_id or "", self.session_id)
+                    stream.outcome = Outcome.GAP
                 await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
                 return True
             chunks.append(frame)
@@ -261,7 +245,7 @@ def _follow(
     cursor: SessionCursor | None,
     heartbeat_interval: float,
     on_turn: Callable[[str | None], None],
-) -> AsyncIterator[FeedStep]:
+) -> AsyncGenerator[FeedStep, None]:
     return follow_session(
         state.bridge, state.sessions, session_id, cursor, heartbeat_interval, on_turn
     )

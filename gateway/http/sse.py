@@ -29,6 +29,23 @@ per event, and no hand-off between tasks is paid per event. When the client is s
 falls behind inside the bridge's retention (and gets a gap only if it falls out of it)
 without ever stalling the producer.
 
+What may interrupt the task depends on where it is (`StreamState`, kept on
+`_Stream.state`). An interruption is `_Stream.stop(Stop...)`: a `Task.cancel()` that
+`_serve` tells apart from a cancellation from outside, which it re-raises.
+
+    state    the task is                      stopped by             moves on
+    BUSY     framing a batch or sending it    send timeout,          to READING when it asks
+             (its first state)                disconnect             the bridge for a batch
+    READING  waiting in the bridge            disconnect, drain      to BUSY when a batch comes,
+                                              (a token expiry too)   the bridge ends or fails,
+                                                                     or a drain is taken
+    CLOSING  in `_serve`'s cleanup: closing   nothing                never: the response returns
+             the subscription (shielded)
+
+Any state moves to CLOSING when `_serve` leaves its loop. A drain that comes while BUSY
+only sets `draining`: the shutdown frame is written before the next read. What ended the
+response (`Outcome`, the request log line's `outcome`) is set along the way.
+
 A subscriber-side backend failure ends the response with an `unavailable` frame (no
 `id:`), never touching the producer. A disconnect never cancels the producer either.
 
@@ -44,20 +61,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, ClassVar, Final, Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from enum import Enum, StrEnum
+from typing import Any, Final, Literal
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from ..bridge.base import close_subscription
 from ..errors import BackendUnavailable, BridgeClosed
 from ..values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from .errors import public_detail
 from .frames import RUN, Framing
 from .metrics import Metrics, ResumeOutcome
 from .observe import lifecycle, record_of
+from .send_watch import SendWatch
 from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger(__name__)
@@ -69,9 +88,8 @@ SSE_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
 )
 COALESCE_BYTES: Final = 64 * 1024
 SEND_TIMEOUT: Final = 30.0
-CLOSE_TIMEOUT: Final = 5.0
 
-Subscribe = Callable[[], AsyncIterator[Sequence[StreamItem]]]
+Subscribe = Callable[[], AsyncGenerator[Sequence[StreamItem], None]]
 # How the reader asked to start: no cursor, a malformed one, or a valid one (whose
 # outcome, exact or a gap, is known at the subscription's first item).
 ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
@@ -132,13 +150,13 @@ class SSEResponse(Response):
             if self._subscribe is None:
                 if self._resume == "cursor":
                     self._count_resume("exact")
-                outcome = "send_timeout"
+                outcome = Outcome.SEND_TIMEOUT
                 with anyio.move_on_after(self._send_timeout):
                     body = self._framing.opening() + self._final_frame
                     await send({"type": "http.response.body", "body": body, "more_body": False})
                     if self._metrics is not None:
                         self._metrics.bytes_out.inc(len(body))
-                    outcome = "end"
+                    outcome = Outcome.END
                 if record is not None:
                     record.outcome, record.events_delivered = outcome, 0
                 return
@@ -192,7 +210,7 @@ class SSEResponse(Response):
                 except asyncio.CancelledError:
                     if not stream.interrupted():
                         raise  # not ours: the server is cancelling this request
-                    if stream.stopped != "drain":
+                    if stream.stopped is not Stop.DRAIN:
                         return
                     # `_pump` sees `draining` first and ends with the shutdown frame, a
                     # write that may still time out or meet a disconnect.
@@ -201,28 +219,28 @@ class SSEResponse(Response):
             if not stream.interrupted():  # (while the retry hint was being written)
                 raise
         except OSError:  # the client went away mid-write (servers other than uvicorn)
-            stream.outcome = "disconnect"
+            stream.outcome = Outcome.DISCONNECT
         finally:
-            stream.state = _CLOSING  # nothing interrupts the cleanup
+            stream.state = StreamState.CLOSING  # nothing interrupts the cleanup
             remove_drain()
             if expiry is not None:
                 expiry.cancel()
             watcher.cancel()
             # Close the bridge subscription (shielded) so every resource is freed when
             # the response returns.
-            await _aclose(batches)
+            await close_subscription(batches)
             await asyncio.wait([watcher])
-            if stream.stopped == "send timeout":
-                stream.outcome = "send_timeout"
+            if stream.stopped is Stop.SEND_TIMEOUT:
+                stream.outcome = Outcome.SEND_TIMEOUT
                 log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
-            elif stream.stopped == "disconnect":
-                stream.outcome = "disconnect"
+            elif stream.stopped is Stop.DISCONNECT:
+                stream.outcome = Outcome.DISCONNECT
 
     async def _watch_disconnect(self, receive: Receive, stream: _Stream) -> None:
         while True:
             message: Message = await receive()
             if message["type"] == "http.disconnect":
-                stream.stop("disconnect")
+                stream.stop(Stop.DISCONNECT)
                 return
 
     async def _pump(
@@ -234,25 +252,28 @@ class SSEResponse(Response):
             if stream.draining:
                 if stream.expired:
                     frame = self._framing.token_expired()
-                    await self._last_frame(send, stream, frame, "token_expired")
+                    await self._last_frame(send, stream, frame, Outcome.TOKEN_EXPIRED)
                 else:
-                    await self._last_frame(send, stream, self._framing.shutdown(), "drain")
+                    await self._last_frame(send, stream, self._framing.shutdown(), Outcome.DRAIN)
                 return
-            stream.state = _READING
+            stream.state = StreamState.READING
             try:
                 batch = await anext(batches)
             except StopAsyncIteration:  # bridges end with a terminal item; end cleanly anyway
-                await self._last_frame(send, stream, b"", "end")
+                await self._last_frame(send, stream, b"", Outcome.END)
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
                 detail = public_detail(exc)
                 await self._last_frame(
-                    send, stream, self._framing.unavailable(self.run_id, detail), "unavailable"
+                    send,
+                    stream,
+                    self._framing.unavailable(self.run_id, detail),
+                    Outcome.UNAVAILABLE,
                 )
                 return
             finally:
-                stream.state = _BUSY
+                stream.state = StreamState.BUSY
             if first:
                 first = False
                 self._first_item(batch[0])
@@ -272,11 +293,11 @@ class SSEResponse(Response):
                 else:  # End or StreamGap: the last item, and the response's last write
                     if isinstance(item, End):
                         chunks.append(framing.end(item))
-                        stream.outcome = "end"
+                        stream.outcome = Outcome.END
                     else:
                         chunks.append(framing.gap(self.run_id, item))
                         self._gap_served(item)
-                        stream.outcome = "gap"
+                        stream.outcome = Outcome.GAP
                     await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
                     return
                 chunks.append(frame)
@@ -289,16 +310,16 @@ class SSEResponse(Response):
                 await self._write(send, stream, body, events, last_id, more=True)
 
     async def _last_frame(
-        self, send: Send, stream: _Stream, frame: bytes | None, outcome: str
+        self, send: Send, stream: _Stream, frame: bytes | None, outcome: Outcome
     ) -> None:
         """End the response with `frame`; None: leave it incomplete (the server drops
         the connection, which the framing's client reads as an interrupted stream)."""
-        if outcome == "drain" and self._metrics is not None:
+        if outcome is Outcome.DRAIN and self._metrics is not None:
             self._metrics.drained.inc()
         stream.outcome = outcome
         if frame is None:
             return
-        stream.state = _BUSY  # an interruption (drain) is over: this write may time out
+        stream.state = StreamState.BUSY  # an interruption (drain) is over: this write may time out
         await self._write(send, stream, frame, 0, None, more=False)
 
     async def _write(
@@ -340,13 +361,18 @@ class SSEResponse(Response):
             error=type(exc).__name__,
         )
 
-    def _gap_served(self, gap: StreamGap) -> None:
+    def _gap_served(
+        self, gap: StreamGap, run_id: str | None = None, session_id: str | None = None
+    ) -> None:
+        """Count the gap and log it, naming its run (this response's unless given) and,
+        for a session feed, the session."""
         if self._metrics is not None:
             self._metrics.gaps[gap.reason].inc()
         lifecycle(
             "gap",
             "gap served",
-            run_id=self.run_id,
+            run_id=self.run_id if run_id is None else run_id,
+            session_id=session_id,
             request_id=self._request_id,
             reason=gap.reason,
             requested_event_id=gap.requested_event_id,
@@ -361,10 +387,34 @@ class SSEResponse(Response):
         return lag_ms / 1000 if lag_ms > 0 else 0.0
 
 
-# Where the streaming task is waiting, which decides what may interrupt it.
-_BUSY: Final = 0  # sending (or about to): a send timeout or a disconnect may stop it
-_READING: Final = 1  # in the bridge: a disconnect or a drain may stop it
-_CLOSING: Final = 2  # cleaning up: nothing may
+class Outcome(StrEnum):
+    """What ended a response: the request log line's `outcome` (these exact strings)."""
+
+    END = "end"  # the run's END, or a bridge that ended without one
+    GAP = "gap"
+    DISCONNECT = "disconnect"
+    SEND_TIMEOUT = "send_timeout"
+    DRAIN = "drain"
+    TOKEN_EXPIRED = "token_expired"
+    UNAVAILABLE = "unavailable"
+
+
+class StreamState(Enum):
+    """Where the streaming task is, which decides what may interrupt it (module doc)."""
+
+    BUSY = "busy"  # framing or sending: a send timeout or a disconnect may stop it
+    READING = "reading"  # waiting in the bridge: a disconnect or a drain may stop it
+    CLOSING = "closing"  # cleaning up: nothing may
+
+
+class Stop(Enum):
+    """Why the streaming task was interrupted (`_Stream.stop`). Never logged as such: the
+    response's outcome (`end`, `disconnect`, `send_timeout`, ...) is what reaches the
+    request log and the metrics."""
+
+    DISCONNECT = "disconnect"
+    DRAIN = "drain"  # also a token expiry, which ends the response like a drain
+    SEND_TIMEOUT = "send timeout"
 
 
 # A stop whose cancellation was not delivered is repeated this often (seconds): one
@@ -399,15 +449,15 @@ class _Stream:
 
     def __init__(self, timeout: float, task: asyncio.Task[Any] | None) -> None:
         self.timeout = timeout
-        self.stopped: str | None = None
+        self.stopped: Stop | None = None
         self.draining = False
         self.expired = False
-        self.state = _BUSY
-        self.outcome = "end"  # what ended the response (for the request log line)
+        self.state = StreamState.BUSY
+        self.outcome = Outcome.END  # what ended the response (for the request log line)
         self.sent = 0  # data events written
         self._task = task
         self._cancels = 0  # our cancellations of the task not yet withdrawn
-        self._watch = _SendWatch.of(asyncio.get_running_loop())
+        self._watch = SendWatch.of(asyncio.get_running_loop())
 
     async def send(self, send: Send, body: bytes, *, more: bool) -> None:
         self._watch.begin(self)
@@ -416,11 +466,15 @@ class _Stream:
         finally:
             self._watch.end(self)
 
+    def send_timed_out(self) -> None:
+        """The send in flight has been pending for `timeout` seconds (`SendWatch`)."""
+        self.stop(Stop.SEND_TIMEOUT)
+
     def drain(self) -> None:
         """Server shutdown: end the response after the write in flight, or at once."""
         self.draining = True
-        if self.state == _READING:
-            self.stop("drain")
+        if self.state is StreamState.READING:
+            self.stop(Stop.DRAIN)
 
     def expire(self) -> None:
         """The reader's token expired: end the response like a drain does."""
@@ -437,13 +491,13 @@ class _Stream:
             self._cancels -= 1
         return self._task.cancelling() == 0
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: Stop) -> None:
         """Interrupt the task (disconnect, drain, send timeout) if `reason` applies now."""
-        if self.stopped is not None or self._task is None or self.state == _CLOSING:
+        if self.stopped is not None or self._task is None or self.state is StreamState.CLOSING:
             return
-        if reason == "send timeout" and not self._watch.sending(self):
+        if reason is Stop.SEND_TIMEOUT and not self._watch.sending(self):
             return
-        if reason == "drain" and self.state != _READING:
+        if reason is Stop.DRAIN and self.state is not StreamState.READING:
             return
         self.stopped = reason
         self._cancel()
@@ -457,59 +511,10 @@ class _Stream:
     def _insist(self) -> None:
         """Cancel again if the last cancellation was not taken (see INSIST_SECONDS)."""
         task = self._task
-        if self._cancels and task is not None and not task.done() and self.state != _CLOSING:
+        if (
+            self._cancels
+            and task is not None
+            and not task.done()
+            and self.state is not StreamState.CLOSING
+        ):
             self._cancel()
-
-
-class _SendWatch:
-    """The send timeout of every SSE response on one loop: one timer, not one per write.
-
-    Writers register a send while it is in flight; while any is, a tick (a quarter of
-    the shortest timeout, at most 1 s) stops the writers whose send has been pending for
-    their timeout: a client that stopped reading is dropped within ~1.25x the timeout.
-    """
-
-    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SendWatch]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._inflight: dict[_Stream, float] = {}
-        self._handle: asyncio.TimerHandle | None = None
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> _SendWatch:
-        watch = cls._by_loop.get(loop)
-        if watch is None:
-            watch = cls._by_loop[loop] = cls(loop)
-        return watch
-
-    def begin(self, writer: _Stream) -> None:
-        self._inflight[writer] = self._loop.time()
-        if self._handle is None:
-            self._handle = self._loop.call_later(min(1.0, writer.timeout / 4), self._tick)
-
-    def end(self, writer: _Stream) -> None:
-        self._inflight.pop(writer, None)
-
-    def sending(self, writer: _Stream) -> bool:
-        return writer in self._inflight
-
-    def _tick(self) -> None:
-        self._handle = None
-        now = self._loop.time()
-        for writer, since in list(self._inflight.items()):
-            if now - since >= writer.timeout:
-                writer.stop("send timeout")
-        if self._inflight:
-            tick = min(1.0, min(w.timeout for w in self._inflight) / 4)
-            self._handle = self._loop.call_later(tick, self._tick)
-
-
-async def _aclose(items: AsyncIterator[Sequence[StreamItem]]) -> None:
-    """Close the bridge iterator, shielded: its cleanup runs even when we are cancelled."""
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
-            await aclose()

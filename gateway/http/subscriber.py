@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..bridge.base import close_subscription
 from ..cursor import MalformedCursor, parse_cursor
 from ..errors import BridgeClosed, Forbidden, GatewayError, RunNotFound
 from ..names import check_run_id
@@ -174,10 +175,7 @@ async def _until_end(state: GatewayState, info: RunInfo) -> RunInfo:
                     gap = item
                     break
         finally:
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                with anyio.move_on_after(5, shield=True):
-                    await aclose()
+            await close_subscription(items)
         if gap is not None and gap.reason == "bridge_closed":
             raise BridgeClosed("the stream bridge closed")
         fresh = await bridge.get_run(run_id)

@@ -32,17 +32,13 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio
-
-from ..bridge.base import StreamBridge
+from ..bridge.base import StreamBridge, close_subscription
 from ..errors import BridgeClosed
 from ..values import HEARTBEAT, End, Heartbeat, StreamEvent, StreamGap
 from . import turns as T
 from .base import MAX_LIMIT, SessionStore
 from .cursor import TURN_START, SessionCursor
 from .watch import TurnSignal
-
-CLOSE_TIMEOUT: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +236,4 @@ async def _follow_turn(
                 return
     finally:
         on_turn(None)
-        aclose = getattr(batches, "aclose", None)
-        if aclose is not None:
-            with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
-                await aclose()
+        await close_subscription(batches)

@@ -85,12 +85,9 @@ class MemorySessionStore:
     async def start_turn(
         self, session_id: str, run_id: str, input_message: Any, now: float
     ) -> bool:
-        check_session_id(session_id)
-        check_run_id(run_id)
-        if session_id in self._tombstones:
+        if not self._writable(session_id, run_id):
             return False
-        session = self._live_session(session_id)
-        if session is not None and run_id in session.turns:
+        if self._live_turn(session_id, run_id) is not None:
             return True
         doc = T.new_turn(session_id, run_id, shape_input_message(input_message), now)
         self._store(session_id, run_id, doc, new=True)
@@ -99,12 +96,9 @@ class MemorySessionStore:
     async def apply_events(
         self, session_id: str, run_id: str, events: list[tuple[str, Any]], now: float
     ) -> bool:
-        check_session_id(session_id)
-        check_run_id(run_id)
-        if session_id in self._tombstones:
+        if not self._writable(session_id, run_id):
             return False
-        session = self._live_session(session_id)
-        current = session.turns.get(run_id) if session is not None else None
+        current = self._live_turn(session_id, run_id)
         if current is None:
             doc = T.new_turn(session_id, run_id, None, now)
             T.apply_events(doc, events, now, self._limits)
@@ -114,12 +108,9 @@ class MemorySessionStore:
         return True
 
     async def end_turn(self, session_id: str, run_id: str, status: EndStatus, now: float) -> bool:
-        check_session_id(session_id)
-        check_run_id(run_id)
-        if session_id in self._tombstones:
+        if not self._writable(session_id, run_id):
             return False
-        session = self._live_session(session_id)
-        current = session.turns.get(run_id) if session is not None else None
+        current = self._live_turn(session_id, run_id)
         if current is None:
             return False
         if T.end_turn(current.doc, status, now):
@@ -220,6 +211,16 @@ class MemorySessionStore:
 
     def _expired(self, turn: _Turn) -> bool:
         return turn.expires_at is not None and turn.expires_at <= self._clock()
+
+    def _writable(self, session_id: str, run_id: str) -> bool:
+        """Check the ids; False when the session is retired (its writes are dropped)."""
+        check_session_id(session_id)
+        check_run_id(run_id)
+        return session_id not in self._tombstones
+
+    def _live_turn(self, session_id: str, run_id: str) -> _Turn | None:
+        session = self._live_session(session_id)
+        return session.turns.get(run_id) if session is not None else None
 
     def _live_session(self, session_id: str) -> _Session | None:
         """The session with its expired turns dropped; None (and forgotten) when empty."""
