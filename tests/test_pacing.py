@@ -1,0 +1,55 @@
+"""The Redis feed's wake-up pacing (`only_when_outpaced=False`): readers are woken at
+once when appends come more than twice their busy time apart, and batched (the wake-up
+put off) when appends come closer than that."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from gateway.bridge.pacing import WakePacer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+BUSY = 0.04  # seconds the readers take after each wake-up (blocking the loop, as they do)
+
+
+async def delay_of_second_wake(spacing: float) -> float:
+    """Append, let the readers be busy for BUSY, append again `spacing` after the first;
+    how long after that second append the readers are woken."""
+    woken: list[float] = []
+    second_wake = anyio.Event()
+
+    def wake() -> None:
+        woken.append(time.perf_counter())
+        if len(woken) == 1:
+            time.sleep(BUSY)  # the readers' work, on the loop
+            pacer.parked()
+        else:
+            second_wake.set()
+
+    pacer = WakePacer(wake, only_when_outpaced=False)
+    first = time.perf_counter()
+    pacer.appended_now()
+    while not woken:
+        await anyio.sleep(0.001)
+    await anyio.sleep(max(0.0, first + spacing - time.perf_counter()))
+    appended = time.perf_counter()
+    pacer.appended_now()
+    with anyio.fail_after(5):
+        await second_wake.wait()
+    return woken[1] - appended
+
+
+async def test_appends_far_apart_wake_readers_at_once() -> None:
+    # 100 ms apart, readers busy 40 ms: they take well under half the loop. Holding the
+    # wake-up to 2 x busy after they parked would put it off by about 20 ms.
+    assert await delay_of_second_wake(0.1) < 0.012
+
+
+async def test_appends_closer_than_twice_the_busy_time_are_batched() -> None:
+    # 60 ms apart, readers busy 40 ms: the wake-up waits until 2 x busy after they parked
+    # (about 60 ms from the append), so readers take bigger batches.
+    assert await delay_of_second_wake(0.06) > 0.03
