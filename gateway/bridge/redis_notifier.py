@@ -31,7 +31,7 @@ import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -42,6 +42,12 @@ from redis.crc import key_slot
 from .keys import RunKeys
 from .redis_fanout import RunFeed
 from .replies import as_text
+
+# A (un)subscribe on a listener's connection that its listener task is dropping at that
+# moment fails with a RedisError or OSError, or, when the drop lands while redis-py is
+# writing the command, with an AttributeError from inside redis-py (its writer is gone).
+# Either way the listener reconnects and subscribes what its channels are then.
+_CONNECTION_LOST: Final = (redis_errors.RedisError, OSError, AttributeError)
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +177,7 @@ class Notifier:
             return  # the listener subscribes all its channels when it (re)connects
         try:
             await listener.pubsub.ssubscribe(channel)
-        except (redis_errors.RedisError, OSError):
+        except _CONNECTION_LOST:
             # The connection is down: its listener reconnects, or retries this shortly.
             listener.retry.add(channel)
             log.debug("subscribe to %s deferred", channel)
@@ -186,7 +192,7 @@ class Notifier:
         listener.channels.discard(channel)
         listener.retry.discard(channel)
         if listener.pubsub is not None:
-            with suppress(redis_errors.RedisError, OSError):
+            with suppress(*_CONNECTION_LOST):
                 await listener.pubsub.sunsubscribe(channel)
 
     async def _move(self, listener: _Listener, channels: Iterable[str], node: str) -> None:
