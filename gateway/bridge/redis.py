@@ -602,7 +602,10 @@ class RedisStreamBridge:
                     yield [rules.removed(reader.position, "bridge_closed")]
                     return
                 try:
-                    if feed.stale:
+                    # A reader whose position is not yet checked reads Redis itself
+                    # (`from_feed`): the feed is brought up to date when it can use it,
+                    # so a resume that ends the subscription costs no feed read.
+                    if feed.stale and reader.caught_up:
                         await self._refresh(feed)
                     window = reader.from_feed(feed)
                     if window is None:
