@@ -597,16 +597,20 @@ class RedisStreamBridge:
         reader = _Reader(start, newest)
         tail_id = newest.id if newest is not None and newest.id else "0-0"
         async with self._notifier.attach(keys, tail_id) as feed:
+            first = True
             while True:
                 if self._closed or feed.closed:
                     yield [rules.removed(reader.position, "bridge_closed")]
                     return
                 try:
-                    # A reader whose position is not yet checked reads Redis itself
-                    # (`from_feed`): the feed is brought up to date when it can use it,
-                    # so a resume that ends the subscription costs no feed read.
-                    if feed.stale and reader.caught_up:
+                    # The first step of a reader whose position is not yet checked is a
+                    # read of its own (`from_feed` gives it nothing), so the feed is
+                    # brought up to date after it: a resume that ends there costs no
+                    # feed read. From then on a stale feed is refreshed first, as the
+                    # wait below is skipped while it is stale.
+                    if feed.stale and (reader.caught_up or not first):
                         await self._refresh(feed)
+                    first = False
                     window = reader.from_feed(feed)
                     if window is None:
                         window = await self._direct(keys, feed, reader)
