@@ -155,15 +155,21 @@ def baseline_proc(
     return Proc(argv, port, cpus, log)
 
 
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process `pid` holds (none once it is gone)."""
+    inodes = set()
+    with contextlib.suppress(FileNotFoundError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    return inodes
+
+
 def local_ports(pid: int) -> set[int]:
     """Local TCP ports of the sockets process `pid` holds (from /proc, IPv4 loopback)."""
-    inodes = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in fd_dir.iterdir():
-        with contextlib.suppress(OSError):
-            link = os.readlink(fd)
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
+    inodes = socket_inodes(pid)
     ports = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()

@@ -47,6 +47,7 @@ from sse_load import (
     pin,
     raise_nofile,
     redis_cpu,
+    socket_inodes,
 )
 from sse_redis import _producer_bridge, redis_producer
 
@@ -68,17 +69,6 @@ def _cpu_of(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
     return 0.0
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    with contextlib.suppress(FileNotFoundError):
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                link = os.readlink(fd)
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-    return inodes
 
 
 class Gateway(Proc):
@@ -118,7 +108,7 @@ class Gateway(Proc):
             fields = line.split()
             if int(fields[1].rsplit(":", 1)[1], 16) == self.port and fields[3] == "01":
                 established.add(fields[9])
-        counts = [len(_socket_inodes(pid) & established) for pid in self.pids()]
+        counts = [len(socket_inodes(pid) & established) for pid in self.pids()]
         return sorted((c for c in counts if c), reverse=True)
 
 
