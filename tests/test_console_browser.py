@@ -11,53 +11,24 @@ until the page shows it (playwright waits on DOM conditions, never sleeps), publ
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Page
 
+from tests.browser import ARTIFACTS, chromium, skip_without_chromium
 from tests.http_server import ProducerClient, RunningServer, make_settings, serve
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 WAIT_MS = 10_000
 WORDS = [f"w{i} " for i in range(40)]
 
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(
-        f"{CHROMIUM} is not installed (scripts/bootstrap installs Debian's chromium with apt)",
-        allow_module_level=True,
-    )
-
-
-@asynccontextmanager
-async def chromium() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
+skip_without_chromium()
 
 
 @asynccontextmanager

@@ -18,11 +18,13 @@ import httpx
 import pytest
 
 from gateway.http.auth import mint_subscriber_token
+from tests.browser import chromium, skip_without_chromium
 from tests.http_server import ProducerClient, make_settings, serve
 from tests.request_log import request_log
-from tests.test_console_browser import chromium
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+skip_without_chromium()
 
 API_KEY = "cors-browser-key"
 JWT_SECRET = "cors-browser-secret-with-enough-bytes-for-hs256"

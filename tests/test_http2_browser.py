@@ -16,41 +16,27 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import Page
 
+from tests.browser import ARTIFACTS, chromium, skip_without_chromium
 from tests.http_server import ProducerClient
 from tests.proxies import HAPROXY_BIN, NGINX_BIN, GatewayProcess, Proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--ignore-certificate-errors",  # the test's self-signed certificate
-]
 STREAMS = 20
 HTTP1_LIMIT = 6  # Chromium's connections per origin over HTTP/1.1
 WAIT_MS = 20_000
 # How long the seventh stream is watched to stay waiting once six are streaming: a
 # negative can only be observed for a while (generous: the six got events within ms).
 STILL_WAITING_SECONDS = 2.0
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+skip_without_chromium()
 
 
 def _needs(binary: str) -> Any:
@@ -123,50 +109,44 @@ async def test_twenty_event_sources_over_http2_and_the_seventh_waits_over_http1(
     with Proxy(kind, backends=[gateway.url], tls=True) as proxy:  # type: ignore[arg-type]
         async with (
             httpx.AsyncClient(base_url=proxy.url, timeout=10) as producers,
-            async_playwright() as pw,
+            chromium("--ignore-certificate-errors") as browser,  # a self-signed certificate
         ):
-            browser = await pw.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000
-            )
-            try:
-                context = await browser.new_context(ignore_https_errors=True)
+            context = await browser.new_context(ignore_https_errors=True)
+            page = await context.new_page()
+            page.set_default_timeout(WAIT_MS)
+            with anyio.fail_after(90):
+                # HTTP/2 (TLS listener, ALPN h2): all 20 open and stream at once
+                h2 = await _claim(producers, STREAMS, "h2")
+                await page.goto(f"{proxy.tls_url}/healthz")
+                await page.evaluate(OPEN_STREAMS_JS, [[p.run_id for p in h2]])
+                await page.wait_for_function(f"feed.open === {STREAMS}")
+                await _publish(h2)
+                await page.wait_for_function(f"Object.keys(feed.got).length === {STREAMS}")
+                over_h2 = await _state(page)
+                assert over_h2["protocol"] == "h2"
+                assert over_h2["open"] == STREAMS and over_h2["got"] == STREAMS
+                assert over_h2["states"] == [1] * STREAMS  # all OPEN at the same time
+                await page.evaluate("() => feed.sources.forEach((s) => s.close())")
+
+                # HTTP/1.1 (plain listener, same proxy): six stream, the seventh waits
+                h1 = await _claim(producers, STREAMS, "h1")
                 page = await context.new_page()
                 page.set_default_timeout(WAIT_MS)
-                with anyio.fail_after(90):
-                    # HTTP/2 (TLS listener, ALPN h2): all 20 open and stream at once
-                    h2 = await _claim(producers, STREAMS, "h2")
-                    await page.goto(f"{proxy.tls_url}/healthz")
-                    await page.evaluate(OPEN_STREAMS_JS, [[p.run_id for p in h2]])
-                    await page.wait_for_function(f"feed.open === {STREAMS}")
-                    await _publish(h2)
-                    await page.wait_for_function(f"Object.keys(feed.got).length === {STREAMS}")
-                    over_h2 = await _state(page)
-                    assert over_h2["protocol"] == "h2"
-                    assert over_h2["open"] == STREAMS and over_h2["got"] == STREAMS
-                    assert over_h2["states"] == [1] * STREAMS  # all OPEN at the same time
-                    await page.evaluate("() => feed.sources.forEach((s) => s.close())")
-
-                    # HTTP/1.1 (plain listener, same proxy): six stream, the seventh waits
-                    h1 = await _claim(producers, STREAMS, "h1")
-                    page = await context.new_page()
-                    page.set_default_timeout(WAIT_MS)
-                    await page.goto(f"{proxy.url}/healthz")
-                    await page.evaluate(OPEN_STREAMS_JS, [[p.run_id for p in h1]])
-                    await page.wait_for_function(f"feed.open === {HTTP1_LIMIT}")
-                    await _publish(h1)
-                    await page.wait_for_function(f"Object.keys(feed.got).length >= {HTTP1_LIMIT}")
-                    await anyio.sleep(STILL_WAITING_SECONDS)
-                    over_h1 = await _state(page)
-                    assert over_h1["protocol"] == "http/1.1"
-                    assert over_h1["open"] == HTTP1_LIMIT, over_h1
-                    assert over_h1["got"] == HTTP1_LIMIT, over_h1
-                    # the seventh and later: still CONNECTING while the six stream
-                    assert over_h1["states"].count(0) == STREAMS - HTTP1_LIMIT, over_h1
-                    assert over_h1["states"].count(1) == HTTP1_LIMIT, over_h1
-                    await page.evaluate("() => feed.sources.forEach((s) => s.close())")
-                    await context.close()
-            finally:
-                await browser.close()
+                await page.goto(f"{proxy.url}/healthz")
+                await page.evaluate(OPEN_STREAMS_JS, [[p.run_id for p in h1]])
+                await page.wait_for_function(f"feed.open === {HTTP1_LIMIT}")
+                await _publish(h1)
+                await page.wait_for_function(f"Object.keys(feed.got).length >= {HTTP1_LIMIT}")
+                await anyio.sleep(STILL_WAITING_SECONDS)
+                over_h1 = await _state(page)
+                assert over_h1["protocol"] == "http/1.1"
+                assert over_h1["open"] == HTTP1_LIMIT, over_h1
+                assert over_h1["got"] == HTTP1_LIMIT, over_h1
+                # the seventh and later: still CONNECTING while the six stream
+                assert over_h1["states"].count(0) == STREAMS - HTTP1_LIMIT, over_h1
+                assert over_h1["states"].count(1) == HTTP1_LIMIT, over_h1
+                await page.evaluate("() => feed.sources.forEach((s) => s.close())")
+                await context.close()
     _record(
         kind,
         {

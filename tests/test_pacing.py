@@ -1,4 +1,4 @@
-"""The Redis feed's wake-up pacing (`only_when_outpaced=False`): readers are woken at
+"""The Redis feed's wake-up pacing (`contended_within=2`): readers are woken at
 once when appends come more than twice their busy time apart, and batched (the wake-up
 put off) when appends come closer than that."""
 
@@ -20,6 +20,7 @@ async def delay_of_second_wake(spacing: float) -> float:
     """Append, let the readers be busy for BUSY, append again `spacing` after the first;
     how long after that second append the readers are woken."""
     woken: list[float] = []
+    first_wake = anyio.Event()
     second_wake = anyio.Event()
 
     def wake() -> None:
@@ -27,14 +28,15 @@ async def delay_of_second_wake(spacing: float) -> float:
         if len(woken) == 1:
             time.sleep(BUSY)  # the readers' work, on the loop
             pacer.parked()
+            first_wake.set()
         else:
             second_wake.set()
 
-    pacer = WakePacer(wake, only_when_outpaced=False)
+    pacer = WakePacer(wake, contended_within=2.0)
     first = time.perf_counter()
     pacer.appended_now()
-    while not woken:
-        await anyio.sleep(0.001)
+    with anyio.fail_after(5):
+        await first_wake.wait()
     await anyio.sleep(max(0.0, first + spacing - time.perf_counter()))
     appended = time.perf_counter()
     pacer.appended_now()

@@ -334,3 +334,10 @@ def test_parse_flag() -> None:
     assert not parse_flag(None) and not parse_flag("false") and not parse_flag("0")
     with pytest.raises(InvalidInput):
         parse_flag("maybe")
+
+
+def test_only_turn_events_touch_a_turn() -> None:
+    # The HTTP hook skips the store (both backends) when this says no.
+    assert not T.touches_turn([("progress", {"step": 1}), ("tool_call", {})])
+    assert T.touches_turn([("progress", {}), ("token", {"text": "a"})])
+    assert all(T.touches_turn([(name, {})]) for name in T.TURN_EVENTS)

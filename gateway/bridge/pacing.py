@@ -30,17 +30,18 @@ MAX_WAKE_DEFERRAL: Final = 0.5
 class WakePacer:
     """Calls `wake()` (on the running loop) when the readers of one log should run.
 
-    `only_when_outpaced=False` is for readers fed by notifications that arrive a network
-    round trip after each append (Redis), where a producer sharing the loop with busy
-    readers can never append within their busy time, so the outpaced test never holds:
-    it defers when appends come less than twice the readers' busy time apart (readers
-    would take more than half of the loop), and otherwise wakes them at once, so a
-    steady stream to many readers (100 events/s to 100 followers) is not held back for
-    batching it does not need. An append after a quiet spell is never deferred.
+    A wake-up is put off when the latest two appends came less than `contended_within`
+    times the readers' last busy time apart. 1 (the memory bridge): the producer outpaces
+    its readers. 2 (a Redis feed): readers would take more than half of the loop. Those
+    readers are fed by notifications that arrive a network round trip after each append,
+    so a producer sharing the loop with them can never append within their busy time;
+    below twice it, a steady stream to many readers (100 events/s to 100 followers) is
+    woken at once instead of being held back for batching it does not need. An append
+    after a quiet spell is never deferred.
     """
 
     __slots__ = (
-        "_only_when_outpaced",
+        "_contended_within",
         "_wake",
         "appended",
         "appended_before",
@@ -49,9 +50,9 @@ class WakePacer:
         "scheduled",
     )
 
-    def __init__(self, wake: Callable[[], None], *, only_when_outpaced: bool = True) -> None:
+    def __init__(self, wake: Callable[[], None], *, contended_within: float = 1.0) -> None:
         self._wake = wake
-        self._only_when_outpaced = only_when_outpaced
+        self._contended_within = contended_within
         self.scheduled = False
         self.last_wake = float("-inf")  # the last wake-up
         self.readers_parked = float("-inf")  # a caught-up reader last went to wait
@@ -77,8 +78,7 @@ class WakePacer:
         now = time.perf_counter()
         busy = self.readers_parked - self.last_wake  # nan or inf until both have happened
         resume = self.readers_parked + 2 * busy
-        spacing = self.appended - self.appended_before
-        contended = spacing < (busy if self._only_when_outpaced else 2 * busy)
+        contended = self.appended - self.appended_before < self._contended_within * busy
         if 0 < busy < MAX_WAKE_DEFERRAL and contended and resume > now:
             self._at(resume, now)
             return

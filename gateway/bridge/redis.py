@@ -242,6 +242,11 @@ class RedisStreamBridge:
         return self._redis
 
     @property
+    def turns(self) -> asyncio.Semaphore:
+        """Turns at the connection pool, for stores that share the command client."""
+        return self._turns
+
+    @property
     def notifier(self) -> Notifier:
         """The process's change notifications, for stores that signal through them too."""
         return self._notifier

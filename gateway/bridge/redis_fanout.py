@@ -65,7 +65,7 @@ class RunFeed:
         self._seen = False
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
-        self._pacer = WakePacer(self.wake, only_when_outpaced=False)
+        self._pacer = WakePacer(self.wake, contended_within=2.0)
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
         self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}

@@ -13,5 +13,7 @@ from .redis import RedisSessionStore
 def session_store_for(bridge: StreamBridge, settings: Settings) -> SessionStore:
     """Turns go where the runs are: the bridge's Redis, or process memory."""
     if isinstance(bridge, RedisStreamBridge):
-        return RedisSessionStore(settings, bridge.client, notifier=bridge.notifier)
+        return RedisSessionStore(
+            settings, bridge.client, notifier=bridge.notifier, turns=bridge.turns
+        )
     return MemorySessionStore(settings)

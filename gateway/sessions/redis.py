@@ -27,6 +27,7 @@ page may then come back short, and the next read continues the cleanup.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -94,9 +95,12 @@ class RedisSessionStore:
         *,
         limits: T.TurnLimits = T.DEFAULT_LIMITS,
         notifier: Notifier | None = None,
+        turns: asyncio.Semaphore | None = None,
     ) -> None:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
+        # The bridge's turns at the pool they share (see RedisStreamBridge._call).
+        self._turns = turns or asyncio.Semaphore(settings.redis_max_connections)
         self._notifier = notifier  # the bridge's: session feeds wait on it
         self._running_ttl_ms = ceil_ms(settings.stream_ttl_seconds)
         self._ended_ttl_ms = ceil_ms(settings.ended_ttl_seconds)
@@ -120,7 +124,8 @@ class RedisSessionStore:
 
     async def _call(self, operation: Callable[[], Awaitable[R]]) -> R:
         try:
-            return await operation()
+            async with self._turns:
+                return await operation()
         except _BACKEND_ERRORS as exc:
             raise BackendUnavailable(f"Redis is unavailable: {exc}") from exc
         except redis_errors.RedisError as exc:
