@@ -21,18 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from sse_idle import hold_path
 from sse_load import (
-    ClientSpec,
     HttpClient,
     Proc,
-    SSELoad,
     free_port,
     gateway_proc,
     raise_nofile,
 )
 
-SERVER_CPU = {0}
-LOAD_CPU = {1}
+SERVER_CPU = {0}  # the clients' CPU is sse_idle.hold_path's
 
 
 async def _prepare(port: int, kind: str, tag: str) -> str:
@@ -63,19 +61,7 @@ async def _prepare(port: int, kind: str, tag: str) -> str:
 def hold(server: Proc, n: int, kind: str) -> tuple[int, float, int]:
     """(connected, seconds to connect, RSS bytes per connection)."""
     path = asyncio.run(_prepare(server.port, kind, str(time.monotonic_ns())))
-    warm = SSELoad(server.port, [ClientSpec(path)] * 10, procs=1)
-    warm.start()
-    warm.stop()
-    time.sleep(0.5)
-    before = server.rss()
-    load = SSELoad(server.port, [ClientSpec(path)] * n, procs=4, cpus=LOAD_CPU, latency=False)
-    started = time.perf_counter()
-    connected = load.start()
-    seconds = time.perf_counter() - started
-    time.sleep(1.0)
-    after = server.rss()
-    load.stop()
-    return connected, seconds, (after - before) // max(1, connected)
+    return hold_path(server, n, path)
 
 
 def main(connections: int) -> None:

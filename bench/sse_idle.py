@@ -44,13 +44,18 @@ def hold(server: Proc, n: int) -> tuple[int, float, int]:
         client.close()
 
     asyncio.run(claim())
-    warm = SSELoad(server.port, [ClientSpec(f"/v1/runs/{run_id}/stream")] * 10, procs=1)
+    return hold_path(server, n, f"/v1/runs/{run_id}/stream")
+
+
+def hold_path(server: Proc, n: int, path: str) -> tuple[int, float, int]:
+    """N idle streams of `path` after a 10-connection warm-up: (connected, seconds to
+    connect, RSS bytes per connection)."""
+    warm = SSELoad(server.port, [ClientSpec(path)] * 10, procs=1)
     warm.start()
     warm.stop()
     time.sleep(0.5)
     before = server.rss()
-    specs = [ClientSpec(f"/v1/runs/{run_id}/stream")] * n
-    load = SSELoad(server.port, specs, procs=4, cpus=LOAD_CPU, latency=False)
+    load = SSELoad(server.port, [ClientSpec(path)] * n, procs=4, cpus=LOAD_CPU, latency=False)
     started = time.perf_counter()
     connected = load.start()
     seconds = time.perf_counter() - started
