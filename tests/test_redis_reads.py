@@ -1,6 +1,8 @@
 """What a resume costs Redis: reconnecting with a cursor to a run that has ended reads
 the log once (its own read from the cursor, which reaches the END), with no second read
-to bring the shared feed up to date, since nothing will take from it."""
+to bring the shared feed up to date, since nothing will take from it, and subscribes to
+no notifications, since nothing can follow an END. A reader of an ended log that finds
+something to wait for after all (the log removed and written again) subscribes then."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import anyio
 import pytest
 
+from gateway.bridge.keys import run_keys
 from gateway.bridge.provider import open_bridge
 from gateway.settings import Settings
 from gateway.values import End, StreamEvent
@@ -42,6 +45,51 @@ async def test_a_resume_of_an_ended_run_reads_the_log_once(
     assert got == ids[10:]
     # read.lua runs XINFO STREAM once per read (EVALSHA may count twice: NOSCRIPT, load).
     assert stats["cmdstat_xinfo|stream"]["calls"] == 1, stats["cmdstat_xinfo|stream"]
+    assert "cmdstat_ssubscribe" not in stats and "cmdstat_sunsubscribe" not in stats, stats
+
+
+async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
+    fresh_redis: RedisServer, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Heartbeats 30 s apart: a reader that never subscribed would hear of the last event
+    # only at its next heartbeat's check, long after this test's timeout.
+    settings = Settings(
+        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
+    )
+    async with open_bridge(settings) as bridge:
+        claim = await bridge.claim("again", lease_seconds=60)
+        old = (await bridge.publish("again", "token", 0, producer_token=claim.token)).ids[0]
+        await bridge.publish_end("again", "success", producer_token=claim.token)
+        written: list[str] = []
+        tail = bridge._tail  # type: ignore[attr-defined]
+
+        async def tail_then_rewrite(keys: object) -> object:
+            # The reader saw the END; then the run's keys vanish (expiry, eviction) and a
+            # producer starts the run afresh, before the reader's first read.
+            newest = await tail(keys)
+            with fresh_redis.client() as raw:
+                raw.delete(*raw.keys(f"{key_prefix}*"))
+            fresh = await bridge.claim("again", lease_seconds=60)
+            written.append(fresh.token)
+            result = await bridge.publish("again", "token", 1, producer_token=fresh.token)
+            written.extend(result.ids)
+            return newest
+
+        monkeypatch.setattr(bridge, "_tail", tail_then_rewrite)
+        subscription = bridge.subscribe("again", old)
+        with anyio.fail_after(5):
+            first = await anext(subscription)
+            monkeypatch.setattr(bridge, "_tail", tail)
+            waiting = asyncio.ensure_future(anext(subscription))
+            with fresh_redis.client() as raw:
+                # The reader waits with its run's channel subscribed.
+                while not raw.pubsub_shardnumsub(run_keys(key_prefix, "again").log)[0][1]:
+                    await asyncio.sleep(0.01)
+            later = await bridge.publish("again", "token", 2, producer_token=written[0])
+            second = await waiting
+        await subscription.aclose()
+    assert isinstance(first, StreamEvent) and first.id == written[1]
+    assert isinstance(second, StreamEvent) and second.id == later.ids[0]
 
 
 async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(

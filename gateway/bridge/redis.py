@@ -601,7 +601,10 @@ class RedisStreamBridge:
         newest = await self._tail(keys)
         reader = _Reader(start, newest)
         tail_id = newest.id if newest is not None and newest.id else "0-0"
-        async with self._notifier.attach(keys, tail_id) as feed:
+        # Nothing follows an END: a reader of an ended log reads it without subscribing
+        # (a resume's common case), unless it finds something to wait for after all.
+        subscribed = not isinstance(newest, End)
+        async with self._notifier.attach(keys, tail_id, subscribe=subscribed) as feed:
             first = True
             while True:
                 if self._closed or feed.closed:
@@ -627,6 +630,10 @@ class RedisStreamBridge:
                     yield window
                     if reader.delivered(window):
                         return  # a terminal item: the subscription is over
+                    continue
+                if not subscribed:  # the ended log was removed and written again
+                    await self._notifier.follow(feed)
+                    subscribed = True
                     continue
                 # (A removed log is found by the reader's own read: the feed's view may
                 # be older than that read, which may already have found the log again.)

@@ -130,24 +130,41 @@ class Notifier:
         self._closed = False
 
     @asynccontextmanager
-    async def attach(self, keys: RunKeys, start: str) -> AsyncIterator[RunFeed]:
-        """Share the run's feed (created at `start`, the log's current tail, if new)."""
+    async def attach(
+        self, keys: RunKeys, start: str, *, subscribe: bool = True
+    ) -> AsyncIterator[RunFeed]:
+        """Share the run's feed (created at `start`, the log's current tail, if new).
+
+        `subscribe=False` is for a reader of a run whose log ends with its END: it only
+        reads (shared with the feed's other readers), since nothing can follow an END, and
+        costs no SSUBSCRIBE and SUNSUBSCRIBE. Should it find something to wait for after
+        all (the log removed and written again), it calls `follow` first.
+        """
         feed = self._feeds.get(keys.log)
+        new = feed is None or feed.removed
         if feed is None or feed.removed:
             feed = RunFeed(keys, start, self._window)
             feed.closed = self._closed
             self._feeds[keys.log] = feed
-            if keys.log not in self._where:
-                await self._add(keys.log, self._router.locate(keys.log), wake=False)
         feed.users += 1
         try:
+            if subscribe and keys.log not in self._where:
+                # A feed read unsubscribed until now heard nothing: stale once subscribed.
+                await self._add(keys.log, self._router.locate(keys.log), wake=not new)
             yield feed
         finally:
             feed.users -= 1
             if feed.users == 0 and self._feeds.get(keys.log) is feed:
                 del self._feeds[keys.log]
-                with anyio.CancelScope(shield=True):
-                    await self._remove(keys.log)
+                if keys.log in self._where:
+                    with anyio.CancelScope(shield=True):
+                        await self._remove(keys.log)
+
+    async def follow(self, feed: RunFeed) -> None:
+        """Subscribe the channel of a feed attached without (`attach(subscribe=False)`),
+        marking it stale once subscribed: what was written before was not heard."""
+        if feed.keys.log not in self._where:
+            await self._add(feed.keys.log, self._router.locate(feed.keys.log), wake=True)
 
     def watch(self, channel: str) -> AbstractAsyncContextManager[RunFeed]:
         """Follow the notifications of a channel that carries no run log (a session's
