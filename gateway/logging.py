@@ -13,6 +13,7 @@ log lines, so subscriber tokens do not end up in log files.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -50,9 +51,14 @@ REDACTED_FIELDS: Final = frozenset(
 _ACCESS_TOKEN_RE: Final = re.compile(r"(access_token=)[^&\s\"]*")
 
 
+@functools.lru_cache(maxsize=4)
+def _second(whole: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+
+
 def _timestamp(created: float) -> str:
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
-    return f"{seconds}.{int(created * 1000) % 1000:03d}Z"
+    # A busy process logs many lines a second: the formatted second is reused.
+    return f"{_second(int(created))}.{int(created * 1000) % 1000:03d}Z"
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -98,9 +104,12 @@ class RedactAccessTokenFilter(logging.Filter):
     """Masks `access_token=` query values in (uvicorn access) log records."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and record.args:
+        args = record.args
+        if isinstance(args, tuple) and any(
+            isinstance(a, str) and "access_token=" in a for a in args
+        ):
             record.args = tuple(
-                _ACCESS_TOKEN_RE.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
+                _ACCESS_TOKEN_RE.sub(r"\1***", a) if isinstance(a, str) else a for a in args
             )
         if isinstance(record.msg, str) and "access_token=" in record.msg:
             record.msg = _ACCESS_TOKEN_RE.sub(r"\1***", record.msg)
@@ -112,6 +121,11 @@ def configure_logging(log_format: LogFormat = "text", level: int | str = logging
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.addFilter(RedactAccessTokenFilter())
+    # No formatter here prints a record's thread or process: do not look them up for
+    # every record (the request log writes one line per request).
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -13,7 +13,7 @@ ops.py            /healthz, /readyz, /metrics
 sse.py            the SSE response (lean ASGI streaming)
 send_watch.py     the SSE send timeout: one timer per loop for every write in flight
 frames.py         SSE frame encoding, one Framing per kind of stream
-routing.py        SSERoute: the SSE routes, known in one place
+routing.py        DirectRoute, SSERoute: the short-path routes, known in one place
 guards.py         checks before any route: loopback Host in open mode, header count
 cors.py           the CORS rules (Starlette's CORSMiddleware)
 errors.py         the one exception → HTTP error boundary

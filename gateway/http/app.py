@@ -8,8 +8,9 @@ then cancels the task group; bridge teardown is shielded inside the provider.
 `app.state.gateway` is the `GatewayState` (bridge, settings, subscription registry,
 metrics, authenticator). `RequestLogMiddleware` (`observe.py`) wraps every route: request
 ids and one log line per request; the lifespan logs `startup`, `drain` and `shutdown`.
-The SSE `GET` routes are dispatched by `GatewayApp` itself, doing in one frame what the
-middleware stack does (a shorter suspended call chain per idle stream; see the class);
+The direct routes (the SSE `GET`s and the producer's append) are dispatched by
+`GatewayApp` itself, doing in one frame what the middleware stack does (a shorter
+suspended call chain per idle stream, less work per appended token; see the class);
 the CORS rules (`cors.py`) sit in front of both paths.
 Call `drain(app)` (or use `gateway.http.server.GatewayServer`)
 when the server starts shutting down, so SSE responses end cleanly before uvicorn waits
@@ -55,7 +56,7 @@ from .metrics import Metrics
 from .observe import RequestLogMiddleware, begin_request, lifecycle
 from .openapi import openapi_document
 from .responses import json_response
-from .routing import SSERoute
+from .routing import DirectRoute
 from .state import GatewayState
 from .subscriptions import SubscriptionRegistry
 
@@ -148,27 +149,29 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
 
 
 class GatewayApp(Starlette):
-    """Starlette with a short path for the SSE `GET` routes, and the CORS rules in front.
+    """Starlette with a short path for the direct routes, and the CORS rules in front.
 
     An idle SSE response is what a process holds thousands of, suspended for minutes:
     each frame of the call chain above it (Starlette's error middleware, the request log
     middleware, the exception middleware, the router, the route's request wrapper and
-    their `send` closures) stays allocated for its lifetime. For a `GET` that an
-    `SSERoute` matches (`routing.py`), `__call__` does what that chain does in one frame,
-    through public API only: the route's scope keys, the request id and log line
-    (`observe`), the gateway's own errors answered by the one error boundary
-    (`errors.handled_error_response`; an SSE endpoint raises nothing else before its
-    response starts), and the plain 500 for anything else. Everything else, and a
-    `debug` app, takes the normal stack. Middleware added to the app does not see the
-    SSE `GET`s: it belongs in front of the whole app (as `cors.py` is) or in the stream.
-    SSE paths must not be shadowed by an earlier route (none is).
+    their `send` closures) stays allocated for its lifetime; and a producer appends one
+    event per POST, many times a second, each time through that whole chain. For a
+    request a `DirectRoute` matches in full (`routing.py`: path and method), `__call__`
+    does what that chain does in one frame, through public API only: the route's scope
+    keys, the request id and log line (`observe`), errors answered by the one error
+    boundary (`errors.handled_error_response`, what the installed handlers answer), and
+    the plain 500 for anything else. Everything else (a `HEAD`, a method the route does
+    not allow, every other route) and a `debug` app take the normal stack. Middleware
+    added to the app does not see the direct routes: it belongs in front of the whole app
+    (as `cors.py` is) or in the endpoint. Direct paths must not be shadowed by an earlier
+    route (none is).
     """
 
     guard: RequestGuard | None = None
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sse_routes = [r for r in self.router.routes if isinstance(r, SSERoute)]
+        self._direct_routes = [r for r in self.router.routes if isinstance(r, DirectRoute)]
         self._cors = cors_app(self._dispatch, settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -187,29 +190,29 @@ class GatewayApp(Starlette):
         if self._cors is not None and _has_origin(scope):
             await self._cors(scope, receive, send)  # the CORS rules, then `_dispatch`
             return
-        matched = self._sse_match(scope)
+        matched = self._direct_match(scope)
         if matched is None:
             await super().__call__(scope, receive, send)
         else:
-            await self._serve_sse(scope, receive, send, *matched)
+            await self._serve_direct(scope, receive, send, *matched)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        matched = self._sse_match(scope)
+        matched = self._direct_match(scope)
         if matched is None:
             await super().__call__(scope, receive, send)
         else:
-            await self._serve_sse(scope, receive, send, *matched)
+            await self._serve_direct(scope, receive, send, *matched)
 
-    def _sse_match(self, scope: Scope) -> tuple[SSERoute, Any] | None:
-        if scope["type"] == "http" and scope["method"] == "GET" and not self.debug:
-            for route in self._sse_routes:
+    def _direct_match(self, scope: Scope) -> tuple[DirectRoute, Any] | None:
+        if scope["type"] == "http" and scope["method"] != "HEAD" and not self.debug:
+            for route in self._direct_routes:
                 match, child_scope = route.matches(scope)
                 if match is Match.FULL:
                     return route, child_scope
         return None
 
-    async def _serve_sse(
-        self, scope: Scope, receive: Receive, send: Send, route: SSERoute, child_scope: Any
+    async def _serve_direct(
+        self, scope: Scope, receive: Receive, send: Send, route: DirectRoute, child_scope: Any
     ) -> None:
         # The scope keys Starlette.__call__ and the router set.
         scope["app"] = self

@@ -11,7 +11,7 @@ Producer and operator requests (a claim, `…/events`, `…/end`, `…/lease`, a
 are server-to-server: they get no CORS unless `cors_producer_routes` is set, which
 allows them the same origins with `DELETE` and the producer headers too.
 
-`GatewayApp` applies `cors_app` in front of everything, the SSE fast path included, so
+`GatewayApp` applies `cors_app` in front of everything, the short path included, so
 there is one set of rules for every route (a request without `Origin`, which gets no
 CORS headers anyway, goes straight past it). A preflight is told apart by
 `Access-Control-Request-Method`, the method the browser is asking about.

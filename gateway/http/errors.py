@@ -136,36 +136,17 @@ def gateway_error_response(exc: GatewayError) -> Response:
     return error_response(rule.status, exc.code, public_detail(exc), headers, exc.details())
 
 
-async def _on_own_error(request: Request, exc: Exception) -> Response:
-    response = handled_error_response(request, exc)
-    assert response is not None  # installed for GatewayError and HttpError only
-    return response
-
-
 _STARLETTE_CODES: Final = {404: "not_found", 405: "method_not_allowed"}
 
-
-async def _on_starlette_http_exception(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    code = _STARLETTE_CODES.get(exc.status_code, "http_error")
-    note_http_error(request, code)
-    headers = dict(exc.headers) if exc.headers else None
-    return error_response(exc.status_code, code, str(exc.detail), headers)
-
-
-def _on_client_disconnect(request: Request, exc: Exception) -> Response:
-    # Not a server error: no traceback, no 5xx; its own outcome in the request log.
-    note_http_error(request, "client_disconnect")
-    return error_response(
-        CLIENT_CLOSED_STATUS, "client_disconnect", "the client closed the connection"
-    )
+# The exceptions the boundary answers (anything else is a bug: a 500).
+HANDLED: Final = (GatewayError, HttpError, HTTPException, ClientDisconnect)
 
 
 def handled_error_response(request: Request, exc: Exception) -> Response | None:
-    """The error response for the gateway's own errors, None for anything else.
+    """The error response for the exceptions in `HANDLED`, None for anything else.
 
-    What the handlers installed below answer; the SSE fast path (`app.py`) calls it
-    directly for errors raised before a response starts.
+    What the handlers installed below answer; the short path (`app.py`) calls it directly
+    for errors raised before a response starts.
     """
     if isinstance(exc, GatewayError):
         # outcome of the request log line, metrics, lifecycle line
@@ -174,11 +155,26 @@ def handled_error_response(request: Request, exc: Exception) -> Response | None:
     if isinstance(exc, HttpError):
         note_http_error(request, exc.code)
         return error_response(exc.status, exc.code, exc.detail)
+    if isinstance(exc, HTTPException):  # Starlette's own: an unmatched path or method
+        code = _STARLETTE_CODES.get(exc.status_code, "http_error")
+        note_http_error(request, code)
+        headers = dict(exc.headers) if exc.headers else None
+        return error_response(exc.status_code, code, str(exc.detail), headers)
+    if isinstance(exc, ClientDisconnect):
+        # Not a server error: no traceback, no 5xx; its own outcome in the request log.
+        note_http_error(request, "client_disconnect")
+        return error_response(
+            CLIENT_CLOSED_STATUS, "client_disconnect", "the client closed the connection"
+        )
     return None
 
 
+async def _on_handled_error(request: Request, exc: Exception) -> Response:
+    response = handled_error_response(request, exc)
+    assert response is not None  # installed for HANDLED only
+    return response
+
+
 def install_error_handlers(app: Starlette) -> None:
-    app.add_exception_handler(ClientDisconnect, _on_client_disconnect)
-    app.add_exception_handler(GatewayError, _on_own_error)
-    app.add_exception_handler(HttpError, _on_own_error)
-    app.add_exception_handler(HTTPException, _on_starlette_http_exception)
+    for exc_class in HANDLED:
+        app.add_exception_handler(exc_class, _on_handled_error)

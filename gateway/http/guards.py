@@ -1,4 +1,4 @@
-"""Checks every HTTP request passes before any route runs (the SSE fast path included).
+"""Checks every HTTP request passes before any route runs (the short path included).
 
 - **Loopback `Host` in open mode.** A gateway without API keys or a JWT secret trusts
   whoever reaches it, which on loopback means local processes only, unless a web page

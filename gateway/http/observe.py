@@ -28,8 +28,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
@@ -208,10 +208,10 @@ class RequestLogMiddleware:
 def begin_request(scope: Scope, send: Send) -> RequestSend:
     """Give an HTTP request its id and record; the `send` that adds `X-Request-ID`.
 
-    What `RequestLogMiddleware` does around the app, shared with the SSE fast path
+    What `RequestLogMiddleware` does around the app, shared with the short path
     (`gateway.http.app`): call `failed()` when the app raises, `finished()` at the end.
     """
-    request_id = _incoming_request_id(scope) or uuid.uuid4().hex
+    request_id = _incoming_request_id(scope) or secrets.token_hex(16)
     record = RequestRecord(request_id, time.perf_counter())
     scope[RECORD_KEY] = record
     return RequestSend(scope, send, record)

@@ -33,6 +33,7 @@ from .bodies import (
 )
 from .errors import HttpError, RunEndedOnClaim
 from .responses import json_response
+from .routing import DirectRoute
 from .state import GatewayState, gateway_state
 
 _CLAIM_FIELDS: Final = frozenset(
@@ -192,7 +193,8 @@ async def renew_lease(request: Request) -> Response:
 
 routes: Final = [
     Route("/v1/runs", claim_run, methods=["POST"]),
-    Route("/v1/runs/{run_id}/events", publish_events, methods=["POST"]),
+    # Direct: an agent POSTs here once per token (`routing.py`).
+    DirectRoute("/v1/runs/{run_id}/events", publish_events, methods=["POST"]),
     Route("/v1/runs/{run_id}/end", end_run, methods=["POST"]),
     Route("/v1/runs/{run_id}/lease", renew_lease, methods=["POST"]),
 ]
