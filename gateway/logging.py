@@ -126,6 +126,8 @@ def configure_logging(log_format: LogFormat = "text", level: int | str = logging
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    if hasattr(logging, "logAsyncioTasks"):  # Python 3.12+
+        logging.logAsyncioTasks = False
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -82,8 +82,11 @@ class RunningServer:
 
 
 @contextmanager
-def serve(settings: Settings, backend: str = "memory") -> Iterator[RunningServer]:
+def serve(
+    settings: Settings, backend: str = "memory", *, debug: bool = False
+) -> Iterator[RunningServer]:
     app = create_app(settings)
+    app.debug = debug  # a debug app serves every route through Starlette's whole stack
     config = server_config(
         app,
         settings,

@@ -75,21 +75,68 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
             written.extend(result.ids)
             return newest
 
+        follow = bridge.notifier.follow
+
+        async def write_then_follow(feed: object) -> None:
+            # Written before the reader's subscription: no notification of it is heard.
+            unheard = await bridge.publish("again", "token", 2, producer_token=written[0])
+            written.extend(unheard.ids)
+            await follow(feed)  # type: ignore[arg-type]
+
         monkeypatch.setattr(bridge, "_tail", tail_then_rewrite)
+        monkeypatch.setattr(bridge.notifier, "follow", write_then_follow)
         subscription = bridge.subscribe("again", old)
         with anyio.fail_after(5):
             first = await anext(subscription)
             monkeypatch.setattr(bridge, "_tail", tail)
+            second = await anext(subscription)  # read once more after subscribing
             waiting = asyncio.ensure_future(anext(subscription))
             with fresh_redis.client() as raw:
                 # The reader waits with its run's channel subscribed.
                 while not raw.pubsub_shardnumsub(run_keys(key_prefix, "again").log)[0][1]:
                     await asyncio.sleep(0.01)
-            later = await bridge.publish("again", "token", 2, producer_token=written[0])
-            second = await waiting
+            later = await bridge.publish("again", "token", 3, producer_token=written[0])
+            third = await waiting
         await subscription.aclose()
     assert isinstance(first, StreamEvent) and first.id == written[1]
-    assert isinstance(second, StreamEvent) and second.id == later.ids[0]
+    assert isinstance(second, StreamEvent) and second.id == written[2]
+    assert isinstance(third, StreamEvent) and third.id == later.ids[0]
+
+
+async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    # One process: a reader of the ended log holds the run's feed (unsubscribed) when the
+    # log is removed and the run starts afresh; a live follower joins that feed.
+    settings = Settings(
+        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
+    )
+    async with open_bridge(settings) as bridge:
+        claim = await bridge.claim("shared", lease_seconds=60)
+        ids = [
+            (await bridge.publish("shared", "token", n, producer_token=claim.token)).ids[0]
+            for n in range(2)
+        ]
+        await bridge.publish_end("shared", "success", producer_token=claim.token)
+        resumed = bridge.subscribe("shared", ids[0])
+        with anyio.fail_after(5):
+            held = await anext(resumed)  # it holds the feed until it reads on
+        with fresh_redis.client() as raw:
+            raw.delete(*raw.keys(f"{key_prefix}*"))
+        fresh = await bridge.claim("shared", lease_seconds=60)
+        start = (await bridge.publish("shared", "token", 10, producer_token=fresh.token)).ids
+        follower = bridge.subscribe("shared", start[0])
+        with anyio.fail_after(5):
+            waiting = asyncio.ensure_future(anext(follower))
+            with fresh_redis.client() as raw:
+                while not raw.pubsub_shardnumsub(run_keys(key_prefix, "shared").log)[0][1]:
+                    await asyncio.sleep(0.01)
+            live = await bridge.publish("shared", "token", 11, producer_token=fresh.token)
+            got = await waiting
+        await follower.aclose()
+        await resumed.aclose()
+    assert isinstance(held, StreamEvent) and held.id == ids[1]
+    assert isinstance(got, StreamEvent) and got.id == live.ids[0]
 
 
 async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(

@@ -122,7 +122,12 @@ class RunFeed:
 
         Taking a result read a moment before we asked is safe: the subscriber goes on
         reading from where that result ends, and any change since has cleared these
-        results and marked the feed stale. If the read fails or its reader is
+        results and marked the feed stale. (A feed nobody subscribed, whose readers all
+        found the log ending with its END, hears of no change: its results stand for
+        `SHARED_READ_SECONDS`, during which an ended log can change only by vanishing,
+        which a reader finds on its own next read, or by being removed and written anew,
+        whose old END such a reader may still be handed, as if it had read a moment
+        earlier.) If the read fails or its reader is
         cancelled, those who joined it read for themselves.
         """
         now = time.monotonic()

@@ -5,12 +5,13 @@ slot). A shard channel is delivered only by the node that owns its slot, and cos
 cluster bus message per replica of that shard (a classic PUBLISH is copied to every node
 of the cluster). A standalone server has one "shard", itself.
 
-So the notifier keeps one listener connection per node that owns the slot of a live feed
-(`_Listener`), plus one to the owner of a private channel, so that a process with no feeds
-still holds a connection (and notices outages). Where a channel lives comes from the
-`Router`: on a cluster, the command client's slot map. That map may be stale, and slots
-move (resharding, failover); the node that no longer owns a channel says so, and the
-listener follows:
+So the notifier keeps one listener connection per node that owns the slot of a
+subscribed feed (`_Listener`), plus one to the owner of a private channel, so that a
+process with no feeds still holds a connection (and notices outages). (A feed whose
+readers only read an ended log is not subscribed: `Notifier.attach`.) Where a channel
+lives comes from the `Router`: on a cluster, the command client's slot map. That map may
+be stale, and slots move (resharding, failover); the node that no longer owns a channel
+says so, and the listener follows:
 
 - a SSUBSCRIBE refused with MOVED: the channels of that slot move to the named node;
 - a `sunsubscribe` the node sent on its own (it lost the slot): the channel is subscribed
@@ -141,7 +142,6 @@ class Notifier:
         all (the log removed and written again), it calls `follow` first.
         """
         feed = self._feeds.get(keys.log)
-        new = feed is None or feed.removed
         if feed is None or feed.removed:
             feed = RunFeed(keys, start, self._window)
             feed.closed = self._closed
@@ -149,8 +149,10 @@ class Notifier:
         feed.users += 1
         try:
             if subscribe and keys.log not in self._where:
-                # A feed read unsubscribed until now heard nothing: stale once subscribed.
-                await self._add(keys.log, self._router.locate(keys.log), wake=not new)
+                # Stale once subscribed: what readers of the feed read meanwhile (joining
+                # while this subscribes, or reading an ended log unsubscribed) may be
+                # older than the subscription.
+                await self._add(keys.log, self._router.locate(keys.log), wake=True)
             yield feed
         finally:
             feed.users -= 1
@@ -199,6 +201,11 @@ class Notifier:
             listener.retry.add(channel)
             log.debug("subscribe to %s deferred", channel)
             return
+        except BaseException:
+            # Cancelled mid-subscribe: the channel counts as subscribed for the feed's
+            # other readers, so the listener subscribes it again (and wakes them) shortly.
+            listener.retry.add(channel)
+            raise
         if wake:
             self._wake([channel])
 

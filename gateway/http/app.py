@@ -6,8 +6,9 @@ work (the producer-liveness monitor). On exit it drains open SSE responses and w
 then cancels the task group; bridge teardown is shielded inside the provider.
 
 `app.state.gateway` is the `GatewayState` (bridge, settings, subscription registry,
-metrics, authenticator). `RequestLogMiddleware` (`observe.py`) wraps every route: request
-ids and one log line per request; the lifespan logs `startup`, `drain` and `shutdown`.
+metrics, authenticator). `RequestLogMiddleware` (`observe.py`) wraps every route on the
+stack, and the short path does the same for the direct ones: request ids and one log
+line per request; the lifespan logs `startup`, `drain` and `shutdown`.
 The direct routes (the SSE `GET`s and the producer's append) are dispatched by
 `GatewayApp` itself, doing in one frame what the middleware stack does (a shorter
 suspended call chain per idle stream, less work per appended token; see the class);

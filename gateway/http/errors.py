@@ -2,10 +2,13 @@
 
 Every error body is `{"error": "<code>", "detail": "<human text>"}`. Routes raise the
 gateway's exception tree (`gateway.errors`) or `HttpError` for purely HTTP-level
-problems (invalid JSON, a bad query parameter); the handlers installed by
-`install_error_handlers` answer them: a `GatewayError` by its row in `RULES`, an
-`HttpError` with its own status. Nothing that a client can send may turn into
-a 500: unexpected exceptions are still a 500, but only for real bugs.
+problems (invalid JSON, a bad query parameter); `handled_error_response` answers them,
+through the handlers `install_error_handlers` installs or directly on `GatewayApp`'s
+short path: a `GatewayError` by its row in `RULES`, an `HttpError` with its own status,
+Starlette's own `HTTPException` (an unmatched path or method) with its status, and a
+client that left while its body was read with 499 `client_disconnect`. Nothing that a
+client can send may turn into a 500: unexpected exceptions are still a 500, but only
+for real bugs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Request ids, one structured log line per request, and lifecycle log events.
 
 `RequestLogMiddleware` (pure ASGI, outermost inside Starlette's error middleware; the
-SSE `GET` routes, which `GatewayApp` serves without the stack, get the same through
-`begin_request`):
+direct routes (the SSE `GET`s and the producer's append), which `GatewayApp` serves
+without the stack, get the same through `begin_request`):
 
 - takes the request id from an incoming `X-Request-ID` (1-128 chars of
   `[A-Za-z0-9._:/+=@-]`) or generates one (32 hex chars), and echoes it in the

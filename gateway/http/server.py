@@ -24,6 +24,10 @@ def server_config(app: Starlette, settings: Settings, **options: Any) -> uvicorn
     given in `options`) and the request-head and connection limits of `connections.py`."""
     options.setdefault("host", settings.host)
     options.setdefault("port", settings.port)
+    # The gateway never reads a request's client address or scheme, so uvicorn's rewrite
+    # of them from X-Forwarded-* (a middleware frame and an address parse per request)
+    # is off; turn it on here if something comes to depend on them behind a proxy.
+    options.setdefault("proxy_headers", False)
     return uvicorn.Config(
         app,
         http=GatewayHttpProtocol.configured(settings),
