@@ -53,16 +53,28 @@ async def test_a_feed_attached_while_the_connection_is_down_is_subscribed_when_b
 
     notifier = Notifier(OneServer(connect), window=64)
     keys = run_keys(key_prefix, "late-run")
-    async with Redis.from_url(redis_url) as raw, anyio.create_task_group() as tg:
+    warm = run_keys(key_prefix, "warm-run")
+    async with (
+        Redis.from_url(redis_url) as raw,
+        anyio.create_task_group() as tg,
+    ):
         await tg.start(notifier.run)
-        down.set()
-        async with notifier.attach(keys, "0-0") as feed:  # its SSUBSCRIBE fails
-            down.clear()
-            feed.stale = False
-            for _ in range(2):  # (re-subscribing marks it stale once: then notifications)
-                with anyio.fail_after(5):
-                    while not feed.stale:
-                        await raw.spublish(keys.log, b"")
-                        await anyio.sleep(0.05)
+        async with notifier.attach(warm, "0-0") as other:
+            # Once this feed hears a notification, the listener has nothing to retry and
+            # waits for the next message: a failed SSUBSCRIBE must not wait for one.
+            other.stale = False
+            with anyio.fail_after(5):
+                while not other.stale:
+                    await raw.spublish(warm.log, b"")
+                    await anyio.sleep(0.05)
+            down.set()
+            async with notifier.attach(keys, "0-0") as feed:  # its SSUBSCRIBE fails
+                down.clear()
                 feed.stale = False
+                for _ in range(2):  # (re-subscribing marks it stale once: then notifications)
+                    with anyio.fail_after(5):
+                        while not feed.stale:
+                            await raw.spublish(keys.log, b"")
+                            await anyio.sleep(0.05)
+                    feed.stale = False
         tg.cancel_scope.cancel()

@@ -26,11 +26,12 @@ import asyncio
 import time
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from ..cursor import EventKey, format_key, parse_cursor
 from ..values import End
+from .deadlines import Deadlines, Signal
 from .keys import RunKeys
 from .pacing import WakePacer
 from .redis_codec import Entry, LogRead, decode_push
@@ -46,7 +47,9 @@ SHARED_READ_SECONDS = 1.0
 class RunFeed:
     """The shared window of one run's newest entries, contiguous after `base`."""
 
-    def __init__(self, keys: RunKeys, start: str, window: int) -> None:
+    def __init__(
+        self, keys: RunKeys, start: str, window: int, deadlines: Deadlines | None = None
+    ) -> None:
         self.keys = keys
         self.base = start  # every entry after `base` up to `head` is in `items`
         self.head = start  # the next read starts after this id
@@ -64,7 +67,12 @@ class RunFeed:
         self.users = 0
         self._seen = False
         self._lock = asyncio.Lock()
-        self._changed = asyncio.Event()
+        # Readers wait on a one-shot signal with their heartbeat deadline in a bucket of
+        # `deadlines` (the notifier's, shared by every feed of the process): no timer per
+        # wait, whereas a reader woken for each event went back to wait with a timer of
+        # its own (a tenth of the cost of a delivery to a run's several readers).
+        self._deadlines = deadlines
+        self._changed = Signal()
         self._pacer = WakePacer(self.wake, contended_within=2.0)
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
@@ -82,18 +90,20 @@ class RunFeed:
         return entries
 
     async def wait(self, seconds: float) -> None:
+        """Until the next change, or about `seconds` (to `DEADLINE_RESOLUTION`) pass."""
         # asyncio-native on purpose: subscribers run in bare asyncio tasks that are
         # cancelled with `Task.cancel()` (http/sse.py), and an anyio cancel scope whose
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
-        # that kept reading). `asyncio.timeout` tells its own cancel from a caller's.
+        # that kept reading). A `Signal`'s wait is a plain future.
         self._pacer.parked()
-        with suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._changed.wait()
+        loop = asyncio.get_running_loop()
+        if self._deadlines is None:
+            self._deadlines = Deadlines(loop)
+        await self._changed.wait_until(self._deadlines, loop.time() + seconds)
 
     def wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        changed, self._changed = self._changed, Signal()
+        changed.fire()
 
     def mark_stale(self) -> None:
         self.stale = True

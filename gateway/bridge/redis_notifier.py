@@ -28,6 +28,7 @@ never missed silently.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -40,6 +41,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from .deadlines import Deadlines
 from .keys import RunKeys
 from .redis_fanout import RunFeed
 from .replies import as_text
@@ -129,6 +131,7 @@ class Notifier:
         self._task_group: TaskGroup | None = None
         self._tried = anyio.Event()  # the first listener made its first attempt
         self._closed = False
+        self._deadlines: Deadlines | None = None  # the feeds' readers' heartbeat deadlines
 
     @asynccontextmanager
     async def attach(
@@ -143,7 +146,9 @@ class Notifier:
         """
         feed = self._feeds.get(keys.log)
         if feed is None or feed.removed:
-            feed = RunFeed(keys, start, self._window)
+            if self._deadlines is None:  # made on the loop of the first reader
+                self._deadlines = Deadlines(asyncio.get_running_loop())
+            feed = RunFeed(keys, start, self._window, self._deadlines)
             feed.closed = self._closed
             self._feeds[keys.log] = feed
         feed.users += 1
@@ -197,14 +202,14 @@ class Notifier:
         try:
             await listener.pubsub.ssubscribe(channel)
         except _CONNECTION_LOST:
-            # The connection is down: its listener reconnects, or retries this shortly.
-            listener.retry.add(channel)
+            # The connection is down: its listener reconnects, or this is retried shortly.
+            self._retry_later(listener, channel)
             log.debug("subscribe to %s deferred", channel)
             return
         except BaseException:
             # Cancelled mid-subscribe: the channel counts as subscribed for the feed's
-            # other readers, so the listener subscribes it again (and wakes them) shortly.
-            listener.retry.add(channel)
+            # other readers, so it is subscribed again (and they are woken) shortly.
+            self._retry_later(listener, channel)
             raise
         if wake:
             self._wake([channel])
@@ -261,7 +266,12 @@ class Notifier:
                 backoff = 0.05
                 while listener.channels:
                     try:
-                        message = await pubsub.get_message(timeout=RETRY_SUBSCRIBE_SECONDS)
+                        # Waiting with a timeout costs a timeout context per message: only
+                        # while channels wait to be subscribed again. (Channels are added
+                        # to `retry` in this loop, by `_dispatch` and `_refused`; elsewhere
+                        # by `_retry_later`, which also retries them itself, shortly.)
+                        timeout = RETRY_SUBSCRIBE_SECONDS if listener.retry else None
+                        message = await pubsub.get_message(timeout=timeout)
                     except redis_errors.AskError as refused:  # MovedError is one too
                         await self._refused(listener, refused)
                         continue
@@ -332,6 +342,19 @@ class Notifier:
             await self._move(listener, channels, f"{refused.host}:{refused.port}")
         else:
             listener.retry.update(channels)
+
+    def _retry_later(self, listener: _Listener, channel: str) -> None:
+        listener.retry.add(channel)
+        if self._task_group is not None:
+            self._task_group.start_soon(self._retry_soon, listener)
+
+    async def _retry_soon(self, listener: _Listener) -> None:
+        """Subscribe a listener's retries shortly, while its wait may have no timeout."""
+        await anyio.sleep(RETRY_SUBSCRIBE_SECONDS)
+        pubsub = listener.pubsub
+        if pubsub is not None and listener.retry:
+            with suppress(*_CONNECTION_LOST):  # the listener reconnects, subscribing all
+                await self._subscribe_retries(listener, pubsub)
 
     async def _subscribe_retries(self, listener: _Listener, pubsub: Any) -> None:
         channels = [channel for channel in listener.retry if channel in listener.channels]
