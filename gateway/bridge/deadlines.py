@@ -1,6 +1,6 @@
-"""Cheap timed waits for the memory bridge's readers: a one-shot `Signal` waited with a
-deadline, and `Deadlines`, which serves every deadline that falls in the same short slot
-with one loop timer.
+"""Cheap timed waits for both bridges' readers (the memory bridge's generations and the
+Redis bridge's run feeds): a one-shot `Signal` waited with a deadline, and `Deadlines`,
+which serves every deadline that falls in the same short slot with one loop timer.
 
 An idle subscription is what a process holds thousands of, and a reader that takes an
 event goes back to wait at once: per wait, these cost one future and a place in a set,
