@@ -11,6 +11,7 @@ import asyncio
 import anyio
 import pytest
 
+from gateway.bridge.base import StreamBridge
 from gateway.bridge.keys import run_keys
 from gateway.bridge.provider import open_bridge
 from gateway.settings import Settings
@@ -20,17 +21,38 @@ from tests.redis_servers import RedisServer
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 
+def _quiet(server: RedisServer, key_prefix: str) -> Settings:
+    # Heartbeats 30 s apart: a reader that did not subscribe would hear of a change only
+    # at its next heartbeat's check, long after each test's timeout.
+    return Settings(
+        redis_url=server.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
+    )
+
+
+async def _ended_run(bridge: StreamBridge, run_id: str, events: int) -> list[str]:
+    """A run of `events` token events and its END; the events' ids."""
+    claim = await bridge.claim(run_id, lease_seconds=60)
+    ids = [
+        (await bridge.publish(run_id, "token", n, producer_token=claim.token)).ids[0]
+        for n in range(events)
+    ]
+    await bridge.publish_end(run_id, "success", producer_token=claim.token)
+    return ids
+
+
+async def _subscribed(server: RedisServer, channel: str) -> None:
+    """Until a reader has subscribed `channel` (a state of the server: polled)."""
+    with server.client() as raw:
+        while not raw.pubsub_shardnumsub(channel)[0][1]:
+            await asyncio.sleep(0.01)
+
+
 async def test_a_resume_of_an_ended_run_reads_the_log_once(
     fresh_redis: RedisServer, key_prefix: str
 ) -> None:
     settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=key_prefix)
     async with open_bridge(settings) as bridge:
-        claim = await bridge.claim("resumed", lease_seconds=60)
-        ids = [
-            (await bridge.publish("resumed", "token", n, producer_token=claim.token)).ids[0]
-            for n in range(30)
-        ]
-        await bridge.publish_end("resumed", "success", producer_token=claim.token)
+        ids = await _ended_run(bridge, "resumed", 30)
         with fresh_redis.client() as raw:
             raw.config_resetstat()
             got: list[str] = []
@@ -51,15 +73,9 @@ async def test_a_resume_of_an_ended_run_reads_the_log_once(
 async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
     fresh_redis: RedisServer, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Heartbeats 30 s apart: a reader that never subscribed would hear of the last event
-    # only at its next heartbeat's check, long after this test's timeout.
-    settings = Settings(
-        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
-    )
+    settings = _quiet(fresh_redis, key_prefix)
     async with open_bridge(settings) as bridge:
-        claim = await bridge.claim("again", lease_seconds=60)
-        old = (await bridge.publish("again", "token", 0, producer_token=claim.token)).ids[0]
-        await bridge.publish_end("again", "success", producer_token=claim.token)
+        (old,) = await _ended_run(bridge, "again", 1)
         written: list[str] = []
         tail = bridge._tail  # type: ignore[attr-defined]
 
@@ -91,10 +107,7 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
             monkeypatch.setattr(bridge, "_tail", tail)
             second = await anext(subscription)  # read once more after subscribing
             waiting = asyncio.ensure_future(anext(subscription))
-            with fresh_redis.client() as raw:
-                # The reader waits with its run's channel subscribed.
-                while not raw.pubsub_shardnumsub(run_keys(key_prefix, "again").log)[0][1]:
-                    await asyncio.sleep(0.01)
+            await _subscribed(fresh_redis, run_keys(key_prefix, "again").log)  # it waits
             later = await bridge.publish("again", "token", 3, producer_token=written[0])
             third = await waiting
         await subscription.aclose()
@@ -108,16 +121,9 @@ async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it
 ) -> None:
     # One process: a reader of the ended log holds the run's feed (unsubscribed) when the
     # log is removed and the run starts afresh; a live follower joins that feed.
-    settings = Settings(
-        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
-    )
+    settings = _quiet(fresh_redis, key_prefix)
     async with open_bridge(settings) as bridge:
-        claim = await bridge.claim("shared", lease_seconds=60)
-        ids = [
-            (await bridge.publish("shared", "token", n, producer_token=claim.token)).ids[0]
-            for n in range(2)
-        ]
-        await bridge.publish_end("shared", "success", producer_token=claim.token)
+        ids = await _ended_run(bridge, "shared", 2)
         resumed = bridge.subscribe("shared", ids[0])
         with anyio.fail_after(5):
             held = await anext(resumed)  # it holds the feed until it reads on
@@ -128,9 +134,7 @@ async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it
         follower = bridge.subscribe("shared", start[0])
         with anyio.fail_after(5):
             waiting = asyncio.ensure_future(anext(follower))
-            with fresh_redis.client() as raw:
-                while not raw.pubsub_shardnumsub(run_keys(key_prefix, "shared").log)[0][1]:
-                    await asyncio.sleep(0.01)
+            await _subscribed(fresh_redis, run_keys(key_prefix, "shared").log)
             live = await bridge.publish("shared", "token", 11, producer_token=fresh.token)
             got = await waiting
         await follower.aclose()
@@ -142,9 +146,7 @@ async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it
 async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(
     fresh_redis: RedisServer, key_prefix: str
 ) -> None:
-    settings = Settings(
-        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
-    )
+    settings = _quiet(fresh_redis, key_prefix)
     async with open_bridge(settings) as bridge:
         claim = await bridge.claim("quiet", lease_seconds=60)
         subscription = bridge.subscribe("quiet")
