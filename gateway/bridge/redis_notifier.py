@@ -110,6 +110,7 @@ class _Listener:
         self.channels: set[str] = set()
         self.pubsub: Any = None  # while connected
         self.retry: set[str] = set()  # channels to SSUBSCRIBE again shortly
+        self.retry_scheduled = False  # a `_retry_soon` task will subscribe them
         self.connected_before = False
 
 
@@ -153,11 +154,8 @@ class Notifier:
             self._feeds[keys.log] = feed
         feed.users += 1
         try:
-            if subscribe and keys.log not in self._where:
-                # Stale once subscribed: what readers of the feed read meanwhile (joining
-                # while this subscribes, or reading an ended log unsubscribed) may be
-                # older than the subscription.
-                await self._add(keys.log, self._router.locate(keys.log), wake=True)
+            if subscribe:
+                await self.follow(feed)
             yield feed
         finally:
             feed.users -= 1
@@ -168,8 +166,9 @@ class Notifier:
                         await self._remove(keys.log)
 
     async def follow(self, feed: RunFeed) -> None:
-        """Subscribe the channel of a feed attached without (`attach(subscribe=False)`),
-        marking it stale once subscribed: what was written before was not heard."""
+        """Subscribe the feed's channel unless it is, marking the feed stale once
+        subscribed: what its readers read meanwhile (joining while this subscribes, or
+        reading an ended log unsubscribed) may be older than the subscription."""
         if feed.keys.log not in self._where:
             await self._add(feed.keys.log, self._router.locate(feed.keys.log), wake=True)
 
@@ -201,16 +200,15 @@ class Notifier:
             return  # the listener subscribes all its channels when it (re)connects
         try:
             await listener.pubsub.ssubscribe(channel)
-        except _CONNECTION_LOST:
-            # The connection is down: its listener reconnects, or this is retried shortly.
-            self._retry_later(listener, channel)
+        except BaseException as exc:
+            # The connection is down (its listener reconnects), or this was cancelled
+            # mid-way while the channel counts as subscribed for the feed's other readers:
+            # either way it is subscribed again (and they are woken) shortly.
+            self._retry_later(listener, [channel])
+            if not isinstance(exc, _CONNECTION_LOST):
+                raise
             log.debug("subscribe to %s deferred", channel)
             return
-        except BaseException:
-            # Cancelled mid-subscribe: the channel counts as subscribed for the feed's
-            # other readers, so it is subscribed again (and they are woken) shortly.
-            self._retry_later(listener, channel)
-            raise
         if wake:
             self._wake([channel])
 
@@ -266,17 +264,12 @@ class Notifier:
                 backoff = 0.05
                 while listener.channels:
                     try:
-                        # Waiting with a timeout costs a timeout context per message: only
-                        # while channels wait to be subscribed again. (Channels are added
-                        # to `retry` in this loop, by `_dispatch` and `_refused`; elsewhere
-                        # by `_retry_later`, which also retries them itself, shortly.)
-                        timeout = RETRY_SUBSCRIBE_SECONDS if listener.retry else None
-                        message = await pubsub.get_message(timeout=timeout)
+                        # No timeout (it would cost a timeout context per message):
+                        # channels to subscribe again are retried by `_retry_soon`.
+                        message = await pubsub.get_message(timeout=None)
                     except redis_errors.AskError as refused:  # MovedError is one too
                         await self._refused(listener, refused)
                         continue
-                    if listener.retry:
-                        await self._subscribe_retries(listener, pubsub)
                     if message is not None:
                         self._dispatch(listener, message)
             except (redis_errors.RedisError, OSError) as exc:
@@ -331,7 +324,7 @@ class Notifier:
         elif kind == "sunsubscribe" and channel in listener.channels:
             # Not ours (we drop a channel before unsubscribing it): the node lost the
             # channel's slot. Asking again gets MOVED to its new owner.
-            listener.retry.add(channel)
+            self._retry_later(listener, [channel])
 
     async def _refused(self, listener: _Listener, refused: redis_errors.AskError) -> None:
         """A SSUBSCRIBE the node refused: its slot's channels go where the node says
@@ -341,20 +334,26 @@ class Notifier:
         if isinstance(refused, redis_errors.MovedError):
             await self._move(listener, channels, f"{refused.host}:{refused.port}")
         else:
-            listener.retry.update(channels)
+            self._retry_later(listener, channels)
 
-    def _retry_later(self, listener: _Listener, channel: str) -> None:
-        listener.retry.add(channel)
-        if self._task_group is not None:
+    def _retry_later(self, listener: _Listener, channels: Iterable[str]) -> None:
+        """SSUBSCRIBE `channels` on the listener's connection again within
+        `RETRY_SUBSCRIBE_SECONDS` (a reconnect in between subscribes them all anyway)."""
+        listener.retry.update(channels)
+        if not listener.retry_scheduled and self._task_group is not None:
+            listener.retry_scheduled = True
             self._task_group.start_soon(self._retry_soon, listener)
 
     async def _retry_soon(self, listener: _Listener) -> None:
-        """Subscribe a listener's retries shortly, while its wait may have no timeout."""
         await anyio.sleep(RETRY_SUBSCRIBE_SECONDS)
+        listener.retry_scheduled = False
         pubsub = listener.pubsub
         if pubsub is not None and listener.retry:
-            with suppress(*_CONNECTION_LOST):  # the listener reconnects, subscribing all
+            try:
                 await self._subscribe_retries(listener, pubsub)
+            except _CONNECTION_LOST:
+                # Tried again shortly; a reconnect meanwhile subscribes them all instead.
+                self._retry_later(listener, ())
 
     async def _subscribe_retries(self, listener: _Listener, pubsub: Any) -> None:
         channels = [channel for channel in listener.retry if channel in listener.channels]

@@ -172,7 +172,14 @@ class GatewayApp(Starlette):
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._direct_routes = [r for r in self.router.routes if isinstance(r, DirectRoute)]
+        # By method, so a request tries only the routes that could match it in full
+        # (never `HEAD`: that takes the stack).
+        self._direct_routes: dict[str, list[DirectRoute]] = {}
+        for route in self.router.routes:
+            if isinstance(route, DirectRoute):
+                for method in route.methods or ():
+                    if method != "HEAD":
+                        self._direct_routes.setdefault(method, []).append(route)
         self._cors = cors_app(self._dispatch, settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -205,8 +212,8 @@ class GatewayApp(Starlette):
             await self._serve_direct(scope, receive, send, *matched)
 
     def _direct_match(self, scope: Scope) -> tuple[DirectRoute, Any] | None:
-        if scope["type"] == "http" and scope["method"] != "HEAD" and not self.debug:
-            for route in self._direct_routes:
+        if scope["type"] == "http" and not self.debug:
+            for route in self._direct_routes.get(scope["method"], ()):
                 match, child_scope = route.matches(scope)
                 if match is Match.FULL:
                     return route, child_scope
