@@ -17,10 +17,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 IGNORED_HEADERS = frozenset({"date", "x-request-id", "content-length"})
 
 
-@pytest.fixture
-def servers(key_prefix: str) -> Iterator[tuple[str, str]]:
-    settings = make_settings("memory", None, key_prefix, max_body_bytes=1024)
-    with serve(settings) as short, serve(settings, debug=True) as stack:
+@pytest.fixture(params=["memory", "redis"])
+def servers(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[tuple[str, str]]:
+    backend = str(request.param)
+    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    settings = make_settings(backend, url, key_prefix, max_body_bytes=1024)
+    stack_settings = make_settings(backend, url, key_prefix + "stack:", max_body_bytes=1024)
+    with serve(settings, backend) as short, serve(stack_settings, backend, debug=True) as stack:
         yield short.base_url, stack.base_url
 
 
