@@ -15,7 +15,7 @@ says so, and the listener follows:
 
 - a SSUBSCRIBE refused with MOVED: the channels of that slot move to the named node;
 - a `sunsubscribe` the node sent on its own (it lost the slot): the channel is subscribed
-  again on the same connection, which answers MOVED, or accepts it (the slot came back,
+  again on the same connection shortly, which answers MOVED, or accepts it (the slot came back,
   or the node is now a replica in that slot's shard, which receives its messages too);
 - a lost connection: the listener reconnects with backoff, first moving every channel
   whose slot the router now places elsewhere (after a failed attempt, having asked the
@@ -55,8 +55,9 @@ _CONNECTION_LOST: Final = (redis_errors.RedisError, OSError, AttributeError)
 log = logging.getLogger(__name__)
 
 NOTIFIER_CHANNEL = "gateway:notifier"
-# A channel whose SSUBSCRIBE failed (the connection was down) or was refused mid-migration
-# is subscribed again within this.
+# A channel whose SSUBSCRIBE failed (the connection was down), was cancelled mid-way, or
+# was refused mid-migration, or that its node dropped (`sunsubscribe`), is subscribed
+# again within this, by one task per listener (`_retry_later`).
 RETRY_SUBSCRIBE_SECONDS = 0.5
 
 
