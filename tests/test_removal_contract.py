@@ -240,6 +240,26 @@ async def test_a_reader_of_a_record_that_expired_unpublished_gets_a_gap(
         assert items == [StreamGap(None, None, None, "stream_removed")]
 
 
+async def test_a_cursor_into_a_run_nothing_is_left_of_gets_a_gap(
+    make_bridge: BridgeFactory,
+) -> None:
+    """Log and record both gone (expired here; evicted or lost alike): a reader with a
+    cursor of the run cannot have it verified, and gets a gap rather than heartbeats
+    forever. One with no cursor, or 0-0, may have come before the producer: it waits."""
+    async with make_bridge(stream_ttl_seconds=0.3) as bridge:
+        run_id = new_run_id()
+        _, ids = await started(bridge, run_id, 3)
+        with anyio.fail_after(TIMEOUT):
+            while await bridge.get_run(run_id) is not None:
+                await anyio.sleep(0.05)  # polling the condition: expiry has no event
+            async with reading(bridge, run_id, ids[0], heartbeat=0.2) as it:
+                items = await until_terminal(it)
+            for cursor in (None, "0-0"):
+                async with reading(bridge, run_id, cursor, heartbeat=0.2) as it:
+                    assert isinstance(await anext(it), Heartbeat), cursor
+        assert items == [StreamGap(ids[0], None, None, "stream_removed")]
+
+
 # ---------------------------------------------------------------- one set of answers
 
 

@@ -387,8 +387,9 @@ class MemoryStreamBridge:
                         return
                     if run is not None:
                         seen_record = True
-                    elif seen_record:
-                        # The record we waited on expired: waiting would be forever.
+                    elif seen_record or rules.missed_unknown(start.key):
+                        # The record we waited on expired, or the cursor points into a
+                        # run nothing is left of: waiting would be forever.
                         yield [rules.removed(delivered, "stream_removed")]
                         return
                     if pending is None or pending.created.fired:

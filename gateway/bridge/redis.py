@@ -762,9 +762,10 @@ class _Reader:
                 return [End(read.status, read.error, read.end_id)]  # type: ignore[arg-type]
             if read.status:
                 self.seen_record = True  # claimed, nothing published yet
-            elif self.seen_record:
+            elif self.seen_record or (self.checked and rules.missed_unknown(self.position)):
                 # The record we saw is gone too (the run expired, or Redis lost its
-                # data): waiting would mean heartbeats forever.
+                # data), or our cursor points into a run nothing is left of: waiting
+                # would mean heartbeats forever.
                 return [rules.removed(self.position, "stream_removed")]
             return []
         self.seen_stream = True
