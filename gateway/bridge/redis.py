@@ -24,7 +24,7 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -64,6 +64,7 @@ from .keys import RunKeys, check_prefix, run_keys
 from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import RunFeed
 from .redis_notifier import Notifier, OneServer, Router
+from .redis_wire import PackedConnection
 from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 
@@ -136,11 +137,14 @@ def _connect(settings: Settings) -> RedisClient:
             retry=_no_retry(),
             **timeouts,
         )
-    # Waiting for a free connection is bounded: past it the caller sees BackendUnavailable.
-    pool = BlockingConnectionPool.from_url(
+    # A plain pool, never waited on: every caller takes a turn first (`_call`, and the
+    # session store with the same turns), and there are as many turns as connections, so
+    # a caller with its turn always finds one free. (redis-py's blocking pool would add a
+    # condition and a timer to every command.) Plain TCP connections pack with hiredis.
+    pool = ConnectionPool.from_url(
         url,
         max_connections=settings.redis_max_connections,
-        timeout=settings.redis_command_timeout_seconds,
+        connection_class=PackedConnection,  # rediss:// and unix:// keep redis-py's own
         retry=_no_retry(),
         **timeouts,
     )
