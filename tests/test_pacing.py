@@ -1,6 +1,7 @@
 """The Redis feed's wake-up pacing (`contended_within=2`): readers are woken at
 once when appends come more than twice their busy time apart, and batched (the wake-up
-put off) when appends come closer than that."""
+put off) when appends come closer than that, for as long as the producer keeps
+appending: once it goes quiet the readers run (the loop would otherwise idle)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 BUSY = 0.04  # seconds the readers take after each wake-up (blocking the loop, as they do)
 
 
-async def delay_of_second_wake(spacing: float) -> float:
-    """Append, let the readers be busy for BUSY, append again `spacing` after the first;
-    how long after that second append the readers are woken."""
+async def delay_of_second_wake(spacing: float, *, keep_appending: bool = False) -> float:
+    """Append, let the readers be busy for BUSY, append again `spacing` after the first
+    (and with `keep_appending`, every millisecond after that); how long after that
+    second append the readers are woken."""
     woken: list[float] = []
     first_wake = anyio.Event()
     second_wake = anyio.Event()
@@ -40,8 +42,17 @@ async def delay_of_second_wake(spacing: float) -> float:
     await anyio.sleep(max(0.0, first + spacing - time.perf_counter()))
     appended = time.perf_counter()
     pacer.appended_now()
+
+    async def producer() -> None:
+        while not second_wake.is_set():
+            await anyio.sleep(0.001)
+            pacer.appended_now()
+
     with anyio.fail_after(5):
-        await second_wake.wait()
+        async with anyio.create_task_group() as tg:
+            if keep_appending:
+                tg.start_soon(producer)
+            await second_wake.wait()
     return woken[1] - appended
 
 
@@ -52,6 +63,13 @@ async def test_appends_far_apart_wake_readers_at_once() -> None:
 
 
 async def test_appends_closer_than_twice_the_busy_time_are_batched() -> None:
-    # 60 ms apart, readers busy 40 ms: the wake-up waits until 2 x busy after they parked
-    # (about 60 ms from the append), so readers take bigger batches.
-    assert await delay_of_second_wake(0.06) > 0.03
+    # 60 ms apart, readers busy 40 ms, and the producer goes on appending: the wake-up
+    # waits until 2 x busy after they parked (about 60 ms from the append), so readers
+    # take bigger batches.
+    assert await delay_of_second_wake(0.06, keep_appending=True) > 0.03
+
+
+async def test_a_producer_that_goes_quiet_is_not_waited_for() -> None:
+    # The same spacing, but nothing follows the second append: the readers run about
+    # QUIET (2 ms) after it, not 60 ms later.
+    assert await delay_of_second_wake(0.06) < 0.012

@@ -8,7 +8,9 @@ back: its readers wake on the next tick. Under a steady stream readers wake at m
 catch up after the last wake-up (many readers, or slow writes), the next wake-up waits
 until twice that busy time has passed: the producer keeps about two thirds of the loop and
 readers take bigger batches (a slow reader falls behind within retention, never stalls
-writes).
+writes). That holds only while the producer keeps appending: a wake-up is put off no
+more than `QUIET` past the latest append (or the readers' last park), since once the
+producer has stopped the loop would otherwise idle while the readers wait.
 
 Times are `time.perf_counter()` seconds: the loop's clock may only advance once per loop
 iteration (uvloop's does, in whole milliseconds), which would make the busy time read 0.
@@ -25,6 +27,8 @@ from typing import Final
 WAKE_INTERVAL: Final = 0.0005
 # A wake-up is never put off by more than this for the producer's sake (bounds latency).
 MAX_WAKE_DEFERRAL: Final = 0.5
+# A producer that has not appended for this long (seconds) is not waited for.
+QUIET: Final = 0.002
 
 
 class WakePacer:
@@ -80,8 +84,12 @@ class WakePacer:
         resume = self.readers_parked + 2 * busy
         contended = self.appended - self.appended_before < self._contended_within * busy
         if 0 < busy < MAX_WAKE_DEFERRAL and contended and resume > now:
-            self._at(resume, now)
-            return
+            # Put off only while the producer keeps appending (or the readers have just
+            # parked, when its next append is a round trip away).
+            quiet_at = max(self.appended, self.readers_parked) + QUIET
+            if quiet_at > now:
+                self._at(min(resume, quiet_at), now)
+                return
         self.scheduled = False
         self.last_wake = now
         self._wake()
