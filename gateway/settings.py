@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Final, Literal, Self
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -37,6 +38,14 @@ ENV_PREFIX = "GATEWAY_"
 MIN_JWT_SECRET_BYTES = 32
 
 # What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
+# Redis URL query options that would set, a second time, what these settings set (the
+# client library lets the URL override them): each is refused, naming the setting.
+_REDIS_URL_OWNED: Final = {
+    "max_connections": "redis_max_connections",
+    "timeout": "redis_command_timeout_seconds",
+    "socket_timeout": "redis_command_timeout_seconds",
+    "socket_connect_timeout": "redis_connect_timeout_seconds",
+}
 _ORIGIN_RE: Final = re.compile(
     r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?/?"
 )
@@ -68,6 +77,7 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(
         None,
+        repr=False,  # it may carry a password: never echoed, in an error or a repr
         description="Redis URL (redis://, rediss://, redis+cluster://); "
         "none: the in-process memory bridge.",
     )
@@ -188,6 +198,19 @@ class Settings(BaseSettings):
                     f"{origin!r} is not an origin (scheme://host[:port], no path) or *"
                 )
         return tuple(origin.rstrip("/") for origin in value)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _one_place_per_option(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        for option in parse_qs(urlsplit(url).query):
+            if option in _REDIS_URL_OWNED:
+                raise ValueError(
+                    f"the URL's {option} option is the gateway's own setting: set "
+                    f"{_REDIS_URL_OWNED[option]} instead"
+                )
+        return url
 
     @field_validator("api_keys")
     @classmethod

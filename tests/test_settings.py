@@ -142,6 +142,26 @@ def test_secrets_are_checked_and_never_echoed(values: dict[str, Any], needle: st
     assert "key-123456" not in repr(good) and "s" * 40 not in repr(good)
 
 
+@pytest.mark.parametrize(
+    ("option", "setting"),
+    [
+        ("max_connections=4", "redis_max_connections"),
+        ("timeout=3", "redis_command_timeout_seconds"),
+        ("socket_timeout=1", "redis_command_timeout_seconds"),
+        ("socket_connect_timeout=1", "redis_connect_timeout_seconds"),
+    ],
+)
+def test_redis_url_options_that_are_settings_are_refused(option: str, setting: str) -> None:
+    # The pool's size, and the timeouts, are set once (the bridge's turns at the pool are
+    # as many as its connections); the URL is never echoed (it may hold a password).
+    url = f"redis://:hunter2secret@127.0.0.1:6379/0?{option}"
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"redis_url": url})
+    assert setting in str(caught.value) and "hunter2secret" not in str(caught.value)
+    other = Settings(redis_url="redis://:hunter2secret@127.0.0.1:6379/0?health_check_interval=5")
+    assert "hunter2secret" not in repr(other)
+
+
 def test_several_workers_need_the_redis_bridge() -> None:
     # Memory-bridge workers would share no runs: refused for library users too.
     with pytest.raises(ValidationError, match="needs the Redis bridge"):

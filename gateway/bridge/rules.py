@@ -98,10 +98,10 @@ def missed_unknown(position: EventKey | None) -> bool:
     """Whether a reader at `position` of a run of which nothing is known (neither a log
     nor a record: never claimed, or expired or evicted whole) may have missed events.
 
-    A position past 0-0 names an event the run once handed out, and nothing is left to
-    verify what followed it, so the reader gets a gap rather than waiting for a run that
-    may never come back (or continuing silently into a later one of the same id). No
-    position, or 0-0, is a reader that may have come before the producer: it waits.
+    A position past 0-0 names an event the run once handed out (or nothing at all), and
+    nothing is left to verify what followed it, so the reader gets a gap rather than
+    waiting for a run that may never come back. No position, or 0-0, is a reader that
+    may have come before the producer: it waits.
     """
     return position is not None and position > (0, 0)
 
