@@ -15,8 +15,8 @@
 --          first_id, entries, tail, status, error, end_id, last}
 --   first_id  the oldest retained entry's id, "" when the log is empty
 --   entries   XRANGE replies: {id, {field, value, ...}}
---   tail      the newest entry when nothing was found after ARGV[1] (tells a cursor at
---             or past an END from one waiting at a live tail), else ""
+--   tail      the newest entry, "" when the log is empty (tells a cursor at or past an
+--             END from one waiting at a live tail, and a new reader where the log ends)
 --   status, error, end_id, last  the run record's status, END and last event id when
 --             the log is missing (a reader before `last` missed events: a gap)
 if redis.call('EXISTS', KEYS[2]) == 0 then
@@ -34,10 +34,7 @@ elseif ARGV[1] ~= '18446744073709551615-18446744073709551615' then
   -- (nothing can follow the largest id, and XRANGE refuses an exclusive start there)
   entries = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
 end
-local tail = ''
-if #entries == 0 then
-  tail = field['last-entry'] or ''
-end
+local tail = field['last-entry'] or ''
 local first = field['first-entry']
 return {1, field['length'], field['entries-added'], field['max-deleted-entry-id'],
   field['last-generated-id'], first and first[1] or '', entries, tail, '', '', '', ''}

@@ -1,5 +1,6 @@
 """What a resume costs Redis: reconnecting with a cursor to a run that has ended reads
-the log once (its own read from the cursor, which reaches the END), with no second read
+the log once (its own read from the cursor, which reaches the END, with no tail lookup
+before it), with no second read
 to bring the shared feed up to date, since nothing will take from it, and subscribes to
 no notifications, since nothing can follow an END. A reader of an ended log that finds
 something to wait for after all (the log removed and written again) subscribes then."""
@@ -68,6 +69,8 @@ async def test_a_resume_of_an_ended_run_reads_the_log_once(
     # read.lua runs XINFO STREAM once per read (EVALSHA may count twice: NOSCRIPT, load).
     assert stats["cmdstat_xinfo|stream"]["calls"] == 1, stats["cmdstat_xinfo|stream"]
     assert "cmdstat_ssubscribe" not in stats and "cmdstat_sunsubscribe" not in stats, stats
+    # ... and that read is the whole resume: no tail lookup before it.
+    assert "cmdstat_xrevrange" not in stats, stats["cmdstat_xrevrange"]
 
 
 async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
@@ -75,7 +78,7 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
 ) -> None:
     settings = _quiet(fresh_redis, key_prefix)
     async with open_bridge(settings) as bridge:
-        (old,) = await _ended_run(bridge, "again", 1)
+        await _ended_run(bridge, "again", 1)
         written: list[str] = []
         tail = bridge._tail  # type: ignore[attr-defined]
 
@@ -101,7 +104,9 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
 
         monkeypatch.setattr(bridge, "_tail", tail_then_rewrite)
         monkeypatch.setattr(bridge.notifier, "follow", write_then_follow)
-        subscription = bridge.subscribe("again", old)
+        # A malformed cursor: the one reader that looks at the tail before its first read
+        # (an ended log is replayed through its END, an active one followed from its tail).
+        subscription = bridge.subscribe("again", "not-a-cursor")
         with anyio.fail_after(5):
             first = await anext(subscription)
             monkeypatch.setattr(bridge, "_tail", tail)
@@ -114,6 +119,46 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
     assert isinstance(first, StreamEvent) and first.id == written[1]
     assert isinstance(second, StreamEvent) and second.id == written[2]
     assert isinstance(third, StreamEvent) and third.id == later.ids[0]
+
+
+@pytest.mark.parametrize("cursor", [None, "first"])
+async def test_a_reader_subscribes_after_its_first_read_and_misses_nothing_before(
+    fresh_redis: RedisServer, key_prefix: str, monkeypatch: pytest.MonkeyPatch, cursor: str | None
+) -> None:
+    """A reader's first read tells whether the log ended; one that goes on following
+    subscribes after it, and reads once more, so what was appended between its read
+    and its subscription (no notification of it is heard) is delivered too."""
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as bridge:
+        claim = await bridge.claim("live", lease_seconds=60)
+        ids = [
+            (await bridge.publish("live", "token", n, producer_token=claim.token)).ids[0]
+            for n in range(2)
+        ]
+        follow = bridge.notifier.follow
+        unheard: list[str] = []
+
+        async def write_then_follow(feed: object) -> None:
+            result = await bridge.publish("live", "token", 2, producer_token=claim.token)
+            unheard.extend(result.ids)
+            await follow(feed)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(bridge.notifier, "follow", write_then_follow)
+        subscription = bridge.subscribe("live", ids[0] if cursor else None)
+        got: list[str] = []
+        with anyio.fail_after(5):
+            while len(got) < (2 if cursor else 3):
+                item = await anext(subscription)
+                assert isinstance(item, StreamEvent)
+                got.append(item.id)
+            monkeypatch.setattr(bridge.notifier, "follow", follow)
+            waiting = asyncio.ensure_future(anext(subscription))
+            await _subscribed(fresh_redis, run_keys(key_prefix, "live").log)  # it waits
+            later = await bridge.publish("live", "token", 3, producer_token=claim.token)
+            last = await waiting
+        await subscription.aclose()
+    assert got == (ids[1:] if cursor else ids) + unheard
+    assert isinstance(last, StreamEvent) and last.id == later.ids[0]
 
 
 async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it(

@@ -55,6 +55,17 @@ def test_a_log_found_again_after_a_removal_is_no_longer_removed() -> None:
     assert [e.id for e in f.after((1, 2)) or []] == ["1-3"]
 
 
+def test_a_feed_made_without_a_start_serves_nobody_until_a_read_starts_it() -> None:
+    """Its first reader's read tells where the log ends; before that no reader may take
+    an (empty) window for the log's contents, and after it the feed reads from there."""
+    f = RunFeed(run_keys("p:", "r"), None, 64)
+    assert f.after((0, 0)) is None and f.after((9, 9)) is None
+    f.start_at("1-5")
+    f.start_at("1-9")  # a later reader's read does not move it
+    assert f.stale and f.head == "1-5" and f.after((1, 5)) == []
+    assert f.after((1, 4)) is None  # older than the window: read Redis
+
+
 @pytest.mark.anyio
 async def test_a_push_that_follows_the_window_is_taken_without_a_read() -> (
     None

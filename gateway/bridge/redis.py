@@ -602,12 +602,17 @@ class RedisStreamBridge:
         self, keys: RunKeys, start: rules.Start, interval: float
     ) -> AsyncGenerator[Sequence[StreamItem], None]:
         """Replay from the start position, then follow the shared feed; see `_Reader`."""
-        newest = await self._tail(keys)
+        # A malformed cursor needs the log's tail first (an active log is followed from
+        # there). Any other reader's first read tells what the tail would, in the same
+        # round trip: where a new feed starts, and whether the log ends with its END,
+        # after which nothing can follow: such a reader (a resume's common case) reads
+        # and never subscribes. One that finds something to wait for subscribes then.
+        newest = await self._tail(keys) if start.kind == "malformed" else None
         reader = _Reader(start, newest)
-        tail_id = newest.id if newest is not None and newest.id else "0-0"
-        # Nothing follows an END: a reader of an ended log reads it without subscribing
-        # (a resume's common case), unless it finds something to wait for after all.
-        subscribed = not isinstance(newest, End)
+        subscribed = newest is not None and not isinstance(newest, End)
+        tail_id = None
+        if start.kind == "malformed":
+            tail_id = newest.id if newest is not None and newest.id else "0-0"
         async with self._notifier.attach(keys, tail_id, subscribe=subscribed) as feed:
             first = True
             while True:
@@ -615,6 +620,11 @@ class RedisStreamBridge:
                     yield [rules.removed(reader.position, "bridge_closed")]
                     return
                 try:
+                    if not subscribed and reader.newest_read and not reader.log_ended:
+                        # Subscribed before the refresh below, which then reads what was
+                        # appended since this reader's first read.
+                        await self._notifier.follow(feed)
+                        subscribed = True
                     # The first step of a reader whose position is not yet checked is a
                     # read of its own (`from_feed` gives it nothing), so the feed is
                     # brought up to date after it: a resume that ends there costs no
@@ -656,6 +666,9 @@ class RedisStreamBridge:
             # A removal is decided on a read of our own: a shared one may have begun
             # before our first look found the log (its notification not yet heard).
             read = await self._read(keys, after)
+        feed.start_at(read.tail.id if read.tail is not None and read.tail.id else "0-0")
+        reader.newest_read = True
+        reader.log_ended = isinstance(read.tail, End)
         decided = reader.decide(read)
         if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
             first, last = await self._event_bounds(keys)
@@ -723,10 +736,21 @@ class _Reader:
     - `seen_stream` / `seen_record`: the log, or the run record without a log, were
       there once, so their disappearance is a removal, not "not written yet";
     - `caught_up`: its position was checked against the log, so it may take the shared
-      feed's window (when its position is inside it) rather than read Redis.
+      feed's window (when its position is inside it) rather than read Redis;
+    - `newest_read` / `log_ended`: it has looked at the log's newest entry (its first
+      read, or the tail a malformed cursor needs), and whether that was the END.
     """
 
-    __slots__ = ("caught_up", "checked", "idle_since", "position", "seen_record", "seen_stream")
+    __slots__ = (
+        "caught_up",
+        "checked",
+        "idle_since",
+        "log_ended",
+        "newest_read",
+        "position",
+        "seen_record",
+        "seen_stream",
+    )
 
     def __init__(self, start: rules.Start, newest: Entry | None) -> None:
         self.position: EventKey | None = start.key
@@ -739,6 +763,8 @@ class _Reader:
         self.seen_stream = newest is not None
         self.seen_record = False
         self.caught_up = False
+        self.newest_read = newest is not None
+        self.log_ended = isinstance(newest, End)
         self.idle_since = time.monotonic()
 
     @property

@@ -76,8 +76,8 @@ class LogRead:
 
     `bounds` is None when the log does not exist; `status`, `error`, `end_id` and
     `last_event` (the last event id the run handed out) are then the run record's
-    ("running" while it runs, "" when there is no record). `tail` is the newest entry
-    when nothing followed the position.
+    ("running" while it runs, "" when there is no record). `tail` is the log's newest
+    entry (None when it is empty).
     """
 
     exists: bool

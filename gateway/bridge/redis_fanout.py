@@ -48,9 +48,13 @@ class RunFeed:
     """The shared window of one run's newest entries, contiguous after `base`."""
 
     def __init__(
-        self, keys: RunKeys, start: str, window: int, deadlines: Deadlines | None = None
+        self, keys: RunKeys, start: str | None, window: int, deadlines: Deadlines | None = None
     ) -> None:
         self.keys = keys
+        # `start` None: the log's tail is not known yet; the first read of one of its
+        # readers tells it (`start_at`), and until then the window serves nobody.
+        self.started = start is not None
+        start = start or "0-0"
         self.base = start  # every entry after `base` up to `head` is in `items`
         self.head = start  # the next read starts after this id
         self._base_key = parse_cursor(start)
@@ -82,7 +86,7 @@ class RunFeed:
 
     def after(self, position: EventKey) -> list[Entry] | None:
         """Entries after `position`, or None when it is older than the window."""
-        if position < self._base_key:
+        if position < self._base_key or not self.started:
             return None
         entries = self.items[bisect_right(self._keys_window, position) :]
         if not entries and self.items and isinstance(self.items[-1], End):
@@ -124,6 +128,15 @@ class RunFeed:
         self.last_read = time.monotonic()
         self._pacer.appended_now()  # paced: a burst of notifications, one wake-up
 
+    def start_at(self, tail: str) -> None:
+        """Begin the window of a feed made without a start at `tail`, the log's newest
+        id as one of its readers found it ("0-0": no log). The feed is stale, so its
+        first refresh reads whatever was appended since."""
+        if not self.started:
+            self.started = True
+            self.stale = True
+            self._reset(tail)
+
     # -- reading Redis ----------------------------------------------------------
 
     async def read_shared(self, position: str, read: Callable[[], Awaitable[T]]) -> T:
@@ -132,9 +145,11 @@ class RunFeed:
 
         Taking a result read a moment before we asked is safe: the subscriber goes on
         reading from where that result ends, and any change since has cleared these
-        results and marked the feed stale. (A feed nobody subscribed, whose readers all
-        found the log ending with its END, hears of no change: its results stand for
-        `SHARED_READ_SECONDS`, during which an ended log can change only by vanishing,
+        results and marked the feed stale. (A feed nobody has subscribed hears of no
+        change: its first reader is between its read and its subscription, which then
+        clears these results, or its readers all found the log ending with its END. The
+        latter's results stand for `SHARED_READ_SECONDS`, during which an ended log can
+        change only by vanishing,
         which a reader finds on its own next read, or by being removed and written anew,
         whose old END such a reader may still be handed, as if it had read a moment
         earlier.) If the read fails or its reader is

@@ -137,14 +137,15 @@ class Notifier:
 
     @asynccontextmanager
     async def attach(
-        self, keys: RunKeys, start: str, *, subscribe: bool = True
+        self, keys: RunKeys, start: str | None, *, subscribe: bool = True
     ) -> AsyncIterator[RunFeed]:
-        """Share the run's feed (created at `start`, the log's current tail, if new).
+        """Share the run's feed (created at `start`, the log's current tail, if new; None:
+        not known yet, see `RunFeed.start_at`).
 
-        `subscribe=False` is for a reader of a run whose log ends with its END: it only
-        reads (shared with the feed's other readers), since nothing can follow an END, and
-        costs no SSUBSCRIBE and SUNSUBSCRIBE. Should it find something to wait for after
-        all (the log removed and written again), it calls `follow` first.
+        `subscribe=False` is for a reader that does not know yet whether it will wait: its
+        first read is shared with the feed's other readers and, if the log ends with its
+        END (nothing can follow it), costs no SSUBSCRIBE and SUNSUBSCRIBE. A reader that
+        finds something to wait for calls `follow` first.
         """
         feed = self._feeds.get(keys.log)
         if feed is None or feed.removed:
@@ -153,6 +154,8 @@ class Notifier:
             feed = RunFeed(keys, start, self._window, self._deadlines)
             feed.closed = self._closed
             self._feeds[keys.log] = feed
+        elif start is not None:
+            feed.start_at(start)  # a feed still waiting for its first reader's read
         feed.users += 1
         try:
             if subscribe:
