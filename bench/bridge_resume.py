@@ -4,7 +4,8 @@ read of the same events (one plain `XRANGE` from the cursor, its entries decoded
 same run.
 
 1. One resume at a time: median milliseconds per resume (each closed before the next
-   starts, so no resume shares another's read), and the Redis commands one costs.
+   starts, so no resume shares another's read), the Redis commands one costs and the
+   time Redis spends on them (`INFO commandstats`).
 2. 100 resumes at once (a reconnect storm after a deploy): wall milliseconds until every
    one has its END; they share one read of the log.
 
@@ -81,7 +82,11 @@ async def measure(url: str, singles: int) -> None:
         await client.config_resetstat()
         gateway = [await _resume(bridge, run_id, cursor) for _ in range(singles)]
         stats = await client.info("commandstats")
+        await client.config_resetstat()
         naive = [await _naive(client, log, cursor) for _ in range(singles)]
+        naive_usec = (await client.info("commandstats"))["cmdstat_xrange"]["usec"] / singles
+        # A script's time is its EVALSHA's (its inner commands are also counted apart).
+        gateway_usec = stats["cmdstat_evalsha"]["usec"] / singles
         commands = {
             name.removeprefix("cmdstat_"): row["calls"] / singles
             for name, row in stats.items()
@@ -103,6 +108,7 @@ async def measure(url: str, singles: int) -> None:
         "   Redis commands per gateway resume: "
         + ", ".join(f"{name} {calls:g}" for name, calls in sorted(commands.items()))
     )
+    print(f"   Redis time per resume: gateway {gateway_usec:.0f} us, naive {naive_usec:.0f} us")
     print(f"2. {STORM} resumes at once")
     print(f"   gateway: {storm * 1e3:6.1f} ms wall")
     print(f"   naive:   {naive_storm * 1e3:6.1f} ms wall ({STORM} XRANGEs)")

@@ -8,6 +8,7 @@ something to wait for after all (the log removed and written again) subscribes t
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anyio
 import pytest
@@ -46,6 +47,17 @@ async def _subscribed(server: RedisServer, channel: str) -> None:
     with server.client() as raw:
         while not raw.pubsub_shardnumsub(channel)[0][1]:
             await asyncio.sleep(0.01)
+
+
+async def _next_written_while_waiting(
+    server: RedisServer, key_prefix: str, bridge: StreamBridge, sub: Any, run_id: str, token: str
+) -> tuple[str, Any]:
+    """Ask for the subscription's next item; once its reader waits subscribed (so only a
+    notification can bring it), publish one event; the event's id and the item."""
+    waiting = asyncio.ensure_future(anext(sub))
+    await _subscribed(server, run_keys(key_prefix, run_id).log)
+    (written,) = (await bridge.publish(run_id, "token", "later", producer_token=token)).ids
+    return written, await waiting
 
 
 async def test_a_resume_of_an_ended_run_reads_the_log_once(
@@ -111,14 +123,13 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
             first = await anext(subscription)
             monkeypatch.setattr(bridge, "_tail", tail)
             second = await anext(subscription)  # read once more after subscribing
-            waiting = asyncio.ensure_future(anext(subscription))
-            await _subscribed(fresh_redis, run_keys(key_prefix, "again").log)  # it waits
-            later = await bridge.publish("again", "token", 3, producer_token=written[0])
-            third = await waiting
+            later, third = await _next_written_while_waiting(
+                fresh_redis, key_prefix, bridge, subscription, "again", written[0]
+            )
         await subscription.aclose()
     assert isinstance(first, StreamEvent) and first.id == written[1]
     assert isinstance(second, StreamEvent) and second.id == written[2]
-    assert isinstance(third, StreamEvent) and third.id == later.ids[0]
+    assert isinstance(third, StreamEvent) and third.id == later
 
 
 @pytest.mark.parametrize("cursor", [None, "first"])
@@ -152,13 +163,12 @@ async def test_a_reader_subscribes_after_its_first_read_and_misses_nothing_befor
                 assert isinstance(item, StreamEvent)
                 got.append(item.id)
             monkeypatch.setattr(bridge.notifier, "follow", follow)
-            waiting = asyncio.ensure_future(anext(subscription))
-            await _subscribed(fresh_redis, run_keys(key_prefix, "live").log)  # it waits
-            later = await bridge.publish("live", "token", 3, producer_token=claim.token)
-            last = await waiting
+            later, last = await _next_written_while_waiting(
+                fresh_redis, key_prefix, bridge, subscription, "live", claim.token
+            )
         await subscription.aclose()
     assert got == (ids[1:] if cursor else ids) + unheard
-    assert isinstance(last, StreamEvent) and last.id == later.ids[0]
+    assert isinstance(last, StreamEvent) and last.id == later
 
 
 async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it(
@@ -178,14 +188,13 @@ async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it
         start = (await bridge.publish("shared", "token", 10, producer_token=fresh.token)).ids
         follower = bridge.subscribe("shared", start[0])
         with anyio.fail_after(5):
-            waiting = asyncio.ensure_future(anext(follower))
-            await _subscribed(fresh_redis, run_keys(key_prefix, "shared").log)
-            live = await bridge.publish("shared", "token", 11, producer_token=fresh.token)
-            got = await waiting
+            live, got = await _next_written_while_waiting(
+                fresh_redis, key_prefix, bridge, follower, "shared", fresh.token
+            )
         await follower.aclose()
         await resumed.aclose()
     assert isinstance(held, StreamEvent) and held.id == ids[1]
-    assert isinstance(got, StreamEvent) and got.id == live.ids[0]
+    assert isinstance(got, StreamEvent) and got.id == live
 
 
 async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(

@@ -607,22 +607,23 @@ class RedisStreamBridge:
         # round trip: where a new feed starts, and whether the log ends with its END,
         # after which nothing can follow: such a reader (a resume's common case) reads
         # and never subscribes. One that finds something to wait for subscribes then.
-        newest = await self._tail(keys) if start.kind == "malformed" else None
-        reader = _Reader(start, newest)
-        subscribed = newest is not None and not isinstance(newest, End)
         tail_id = None
+        newest = None
         if start.kind == "malformed":
+            newest = await self._tail(keys)
             tail_id = newest.id if newest is not None and newest.id else "0-0"
-        async with self._notifier.attach(keys, tail_id, subscribe=subscribed) as feed:
+        reader = _Reader(start, newest)
+        subscribed = False
+        async with self._notifier.attach(keys, tail_id, subscribe=False) as feed:
             first = True
             while True:
                 if self._closed or feed.closed:
                     yield [rules.removed(reader.position, "bridge_closed")]
                     return
                 try:
-                    if not subscribed and reader.newest_read and not reader.log_ended:
-                        # Subscribed before the refresh below, which then reads what was
-                        # appended since this reader's first read.
+                    if not (subscribed or first or reader.log_ended):
+                        # After the first read, before the refresh below (which then
+                        # reads what was appended since that read).
                         await self._notifier.follow(feed)
                         subscribed = True
                     # The first step of a reader whose position is not yet checked is a
@@ -645,7 +646,7 @@ class RedisStreamBridge:
                     if reader.delivered(window):
                         return  # a terminal item: the subscription is over
                     continue
-                if not subscribed:  # the ended log was removed and written again
+                if not subscribed:  # nothing (yet) after the first read: wait subscribed
                     await self._notifier.follow(feed)
                     subscribed = True
                     continue
@@ -667,7 +668,6 @@ class RedisStreamBridge:
             # before our first look found the log (its notification not yet heard).
             read = await self._read(keys, after)
         feed.start_at(read.tail.id if read.tail is not None and read.tail.id else "0-0")
-        reader.newest_read = True
         reader.log_ended = isinstance(read.tail, End)
         decided = reader.decide(read)
         if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
@@ -737,8 +737,9 @@ class _Reader:
       there once, so their disappearance is a removal, not "not written yet";
     - `caught_up`: its position was checked against the log, so it may take the shared
       feed's window (when its position is inside it) rather than read Redis;
-    - `newest_read` / `log_ended`: it has looked at the log's newest entry (its first
-      read, or the tail a malformed cursor needs), and whether that was the END.
+    - `log_ended`: the log's newest entry, as its latest look found it (its latest
+      direct read, or the tail a malformed cursor needs), was the END: nothing to wait
+      for, so it does not subscribe.
     """
 
     __slots__ = (
@@ -746,7 +747,6 @@ class _Reader:
         "checked",
         "idle_since",
         "log_ended",
-        "newest_read",
         "position",
         "seen_record",
         "seen_stream",
@@ -763,7 +763,6 @@ class _Reader:
         self.seen_stream = newest is not None
         self.seen_record = False
         self.caught_up = False
-        self.newest_read = newest is not None
         self.log_ended = isinstance(newest, End)
         self.idle_since = time.monotonic()
 
