@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
+from redis.asyncio import Redis
 
 from gateway.bridge.provider import open_bridge
 from gateway.sessions.provider import session_store_for
@@ -98,3 +99,39 @@ async def test_every_caller_takes_a_turn_so_the_plain_pool_never_runs_out(
                     for job in (reader, reader, writer, looker):
                         tg.start_soon(guarded, job, index)
     assert failures == []
+
+
+async def test_a_script_cut_off_on_its_kept_connection_leaves_no_reply_for_the_next(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Scripts keep their connection between turns. One cancelled while Redis holds it
+    (paused writes) must not leave its reply to be read as the next script's: the next
+    publish, on the same connection (the last one given back is the next one taken),
+    must get its own id back."""
+    settings = Settings(
+        redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2
+    )
+    raw = Redis.from_url(redis_url)
+    try:
+        async with open_bridge(settings) as bridge:
+            token = (await bridge.claim("cut-1")).token
+            first = await bridge.publish("cut-1", "e", 0, producer_token=token)
+            await raw.client_pause(10_000, all=False)  # holds writes, and so scripts
+            try:
+                with anyio.move_on_after(0.3) as waited:
+                    await bridge.publish("cut-1", "e", 1, producer_token=token)
+                assert waited.cancelled_caught  # it was cut off while Redis held it
+            finally:
+                await raw.client_unpause()
+            with anyio.fail_after(10):
+                after = await bridge.publish("cut-1", "e", 2, producer_token=token)
+            log = await raw.xrange(f"{key_prefix}{{cut-1}}:log")
+        # The cut-off publish may or may not have run (its connection was closed while
+        # Redis held it, which here discards it); either way the next publish's reply
+        # is its own: the id of the entry holding 2.
+        data = [entry[1][b"d"] for entry in log]
+        assert data in ([b"0", b"2"], [b"0", b"1", b"2"])
+        assert after.ids == (log[-1][0].decode(),)
+        assert first.ids == (log[0][0].decode(),)
+    finally:
+        await raw.aclose()

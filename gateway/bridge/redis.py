@@ -64,6 +64,7 @@ from .keys import RunKeys, check_prefix, run_keys
 from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import RunFeed
 from .redis_notifier import Notifier, OneServer, Router
+from .redis_turns import Held, Turns
 from .redis_wire import PackedConnection
 from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
@@ -210,12 +211,12 @@ class RedisStreamBridge:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = commands
         self._closed = False
-        # Turns at the pool, first come first served. redis-py's pool hands a released
-        # connection to whichever caller asks next, so under saturation a caller that
-        # just released one takes it back before a woken waiter runs, and a waiter can
-        # starve past the command timeout. asyncio.Semaphore queues newcomers behind
-        # waiters; the command timeout starts once the caller has its turn.
-        self._turns = asyncio.Semaphore(settings.redis_max_connections)
+        # Turns at the pool (see `redis_turns`); the command timeout starts once the
+        # caller has its turn. On one server, scripts keep connections between turns.
+        self._turns = Turns(
+            settings.redis_max_connections,
+            None if isinstance(commands, RedisCluster) else commands.connection_pool,
+        )
         self._scripts: dict[str, AsyncScript] = {
             name: commands.register_script(lua_source(name))
             for name in (
@@ -246,7 +247,7 @@ class RedisStreamBridge:
         return self._redis
 
     @property
-    def turns(self) -> asyncio.Semaphore:
+    def turns(self) -> Turns:
         """Turns at the connection pool, for stores that share the command client."""
         return self._turns
 
@@ -287,6 +288,11 @@ class RedisStreamBridge:
         return run_keys(self._prefix, check_run_id(run_id))
 
     async def _call(self, operation: Callable[[], Awaitable[T]], *, resend: bool = True) -> T:
+        """Run one operation of the client in a turn at the pool (see `_attempts`)."""
+        async with self._turns:
+            return await self._attempts(operation, resend)
+
+    async def _attempts(self, operation: Callable[[], Awaitable[T]], resend: bool) -> T:
         """Run one Redis operation, retried a few times; with `resend=False` only after a
         refusal (the operation did not run), never after a connection failure.
 
@@ -295,7 +301,7 @@ class RedisStreamBridge:
         """
         attempt = 0
         try:
-            async with self._turns, asyncio.timeout(self._settings.redis_command_timeout_seconds):
+            async with asyncio.timeout(self._settings.redis_command_timeout_seconds):
                 while True:
                     if self._closed:
                         raise BridgeClosed("the bridge is closed")
@@ -319,10 +325,28 @@ class RedisStreamBridge:
             seconds = self._settings.redis_command_timeout_seconds
             raise BackendUnavailable(f"Redis did not answer within {seconds:g} s") from exc
 
-    async def _script(self, name: str, keys: RunKeys, *args: bytes | str | int) -> Any:
-        """A write script: never re-sent after it may have run (see `_connect`)."""
+    async def _script(
+        self,
+        name: str,
+        keys: Sequence[str],
+        *args: bytes | str | int,
+        resend: bool = False,
+    ) -> Any:
+        """Run one of the bridge's scripts. A write is never re-sent after it may have
+        run (`resend=False`, see `_connect`)."""
         script = self._scripts[name]
-        return await self._call(lambda: script(keys=list(keys.both), args=list(args)), resend=False)
+        if not self._turns.keeps_connections:  # a cluster: its client routes the script
+            return await self._call(lambda: script(keys=list(keys), args=list(args)), resend=resend)
+
+        async def run(held: Held) -> Any:
+            try:
+                return await held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
+                await held.execute("SCRIPT", "LOAD", script.script)
+                return await held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+
+        async with self._turns.connection() as held:
+            return await self._attempts(lambda: run(held), resend)
 
     def _lease_ms(self, lease_seconds: float | None) -> int:
         seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
@@ -350,7 +374,7 @@ class RedisStreamBridge:
         token = secrets.token_urlsafe(18)
         reply = await self._script(
             "claim",
-            keys,
+            keys.both,
             token,
             self._lease_ms(lease_seconds),
             "1" if takeover else "0",
@@ -385,7 +409,7 @@ class RedisStreamBridge:
     ) -> LeaseState:
         keys = self._keys(run_id)
         lease_ms = "" if lease_seconds is None else self._lease_ms(lease_seconds)
-        reply = await self._script("renew_lease", keys, producer_token, lease_ms, self._ttl_ms)
+        reply = await self._script("renew_lease", keys.both, producer_token, lease_ms, self._ttl_ms)
         self._raise_refusal(run_id, reply)
         return LeaseState(lease_expires_at=int(reply[1]) / 1000, cancel_requested=reply[2] == 1)
 
@@ -415,7 +439,7 @@ class RedisStreamBridge:
         for name, payload in rules.encode_batch(events):
             args.append(name)
             args.append(payload)
-        reply = await self._script("publish", keys, *args)
+        reply = await self._script("publish", keys.both, *args)
         self._raise_refusal(run_id, reply)
         # -- numbered appends (see gateway.sequence)
         outcome = as_text(reply[0])
@@ -458,7 +482,7 @@ class RedisStreamBridge:
         ended_ttl = ceil_ms(self._settings.ended_ttl_seconds)
         reply = await self._script(
             "publish_end",
-            keys,
+            keys.both,
             producer_token or "",
             status,
             b"" if error is None else rules.encode_payload(error),
@@ -480,16 +504,14 @@ class RedisStreamBridge:
 
     async def request_cancel(self, run_id: str) -> bool:
         keys = self._keys(run_id)
-        script = self._scripts["cancel"]
-        return bool(await self._call(lambda: script(keys=[keys.meta]), resend=False))
+        return bool(await self._script("cancel", [keys.meta]))
 
     async def cleanup(self, run_id: str, delay: float = 0) -> None:
         keys = self._keys(run_id)
         if delay > 0:
             # The log expires then, and the record says when, so that later writes keep
             # that expiry instead of refreshing the TTL (see publish.lua).
-            script = self._scripts["cleanup_later"]
-            await self._call(lambda: script(keys=list(keys.both), args=[ceil_ms(delay)]))
+            await self._script("cleanup_later", keys.both, ceil_ms(delay), resend=True)
         else:
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
@@ -546,10 +568,7 @@ class RedisStreamBridge:
 
     async def _read(self, keys: RunKeys, after: str) -> LogRead:
         """`read.lua`: the entries after `after` ("-": from the start) and the bounds."""
-        script = self._scripts["read"]
-        reply: list[Any] = await self._call(
-            lambda: script(keys=list(keys.both), args=[after, READ_BATCH])
-        )
+        reply: list[Any] = await self._script("read", keys.both, after, READ_BATCH, resend=True)
         return parse_read(reply)
 
     async def _refresh(self, feed: RunFeed) -> None:

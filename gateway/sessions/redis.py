@@ -95,11 +95,11 @@ class RedisSessionStore:
         *,
         limits: T.TurnLimits = T.DEFAULT_LIMITS,
         notifier: Notifier | None = None,
-        turns: asyncio.Semaphore | None = None,
+        turns: AbstractAsyncContextManager[None] | None = None,
     ) -> None:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
-        # The bridge's turns at the pool they share (see RedisStreamBridge._call).
+        # The bridge's turns at the pool they share (see bridge/redis_turns.py).
         self._turns = turns or asyncio.Semaphore(settings.redis_max_connections)
         self._notifier = notifier  # the bridge's: session feeds wait on it
         self._running_ttl_ms = ceil_ms(settings.stream_ttl_seconds)

@@ -1,0 +1,116 @@
+"""Turns at the Redis command pool, and the connections scripts keep between turns.
+
+Every caller of the command pool takes a turn first, first come first served: redis-py's
+pool hands a released connection to whichever caller asks next, so under saturation a
+caller that just released one takes it back before a woken waiter runs, and a waiter can
+starve past the command timeout. There are as many turns as the pool has connections,
+so a caller with its turn always finds one free.
+
+Scripts (every write, and the readers' `read.lua`) are most of the traffic and need
+none of the client's per-command machinery (response callbacks, retries, which are off
+anyway, and the pool's checkout and check-in, about a quarter of a script call's CPU):
+a script turn (`connection()`) gets a connection the turns keep between uses, and sends
+on it directly. Kept connections stay checked out of the pool, so the pool could run dry
+for a caller that uses the client itself; such a turn first gives back an idle kept
+connection whenever kept ones and pool turns together would exceed the pool's size.
+(Kept connections in use and pool turns together never do: they hold turns.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any
+
+from anyio import CancelScope
+from redis.asyncio import ConnectionPool
+from redis.asyncio.connection import AbstractConnection
+
+
+class Turns:
+    """`async with turns:` for a caller of the client; `async with turns.connection()`
+    for a script sent on a kept connection (`pool`: None on a cluster, where scripts go
+    through the cluster client, which routes them)."""
+
+    def __init__(self, size: int, pool: ConnectionPool | None = None) -> None:
+        self._size = size
+        self._pool = pool
+        self._semaphore = asyncio.Semaphore(size)
+        self._idle: list[AbstractConnection] = []
+        self._kept = 0  # kept connections, idle or in use
+        self._pooled = 0  # turns of callers of the client
+
+    @property
+    def keeps_connections(self) -> bool:
+        return self._pool is not None
+
+    async def __aenter__(self) -> None:
+        await self._semaphore.acquire()
+        self._pooled += 1
+        try:
+            while self._kept + self._pooled > self._size and self._idle:
+                connection = self._idle.pop()
+                self._kept -= 1
+                assert self._pool is not None
+                with CancelScope(shield=True):
+                    await self._pool.release(connection)
+        except BaseException:
+            self._leave_pool()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._leave_pool()
+
+    def _leave_pool(self) -> None:
+        self._pooled -= 1
+        self._semaphore.release()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Held]:
+        """A turn that sends its commands on a kept connection of its own."""
+        assert self._pool is not None, "a cluster's scripts go through its client"
+        async with self._semaphore:
+            held = Held(self)
+            try:
+                yield held
+            finally:
+                if held.connection is not None:
+                    self._idle.append(held.connection)
+
+    async def _checkout(self) -> AbstractConnection:
+        if self._idle:
+            return self._idle.pop()
+        # The pool has one free: kept ones in use and pool turns hold turns, and there
+        # is no idle kept one (see the module docstring).
+        assert self._pool is not None
+        connection: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        self._kept += 1
+        return connection
+
+
+class Held:
+    """The commands of one connection turn, sent on one kept connection (taken at the
+    first command, so that a failure to connect is that command's error). A command
+    interrupted on it (an error, a cancellation) leaves it disconnected (redis-py's
+    connection does that itself), and the next command connects it again."""
+
+    __slots__ = ("_turns", "connection")
+
+    def __init__(self, turns: Turns) -> None:
+        self._turns = turns
+        self.connection: AbstractConnection | None = None
+
+    async def execute(self, *args: Any) -> Any:
+        """Send one command and return its raw reply (an error reply is raised)."""
+        connection = self.connection
+        if connection is None:
+            connection = self.connection = await self._turns._checkout()
+        await connection.send_command(*args)
+        return await connection.read_response()
