@@ -15,6 +15,7 @@ from gateway.bridge.provider import open_bridge
 from gateway.sessions.provider import session_store_for
 from gateway.settings import Settings
 from gateway.values import End
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -133,5 +134,33 @@ async def test_a_script_cut_off_on_its_kept_connection_leaves_no_reply_for_the_n
         assert data in ([b"0", b"2"], [b"0", b"1", b"2"])
         assert after.ids == (log[-1][0].decode(),)
         assert first.ids == (log[0][0].decode(),)
+    finally:
+        await raw.aclose()
+
+
+async def test_a_kept_connection_the_server_closed_is_not_reused_for_a_write(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """A kept connection the server closed while it was idle (a restart, the server's
+    idle `timeout`; here CLIENT KILL) is replaced before the next script goes out on it:
+    the write succeeds, where sending it on the dead connection would fail it with a
+    503 (a write is never re-sent after it may have run)."""
+    server = redis_server_factory()
+    settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix)
+    raw = Redis.from_url(server.url)
+    try:
+        async with open_bridge(settings) as bridge:
+            token = (await bridge.claim("closed-1")).token
+            await bridge.publish("closed-1", "e", 0, producer_token=token)
+            # Every command connection, not the notifier's (pub/sub) nor this one. The
+            # server closes them before it answers, so their end has reached the
+            # gateway's loop by the time this returns.
+            killed = await raw.client_kill_filter(_type="normal", skipme=True)
+            assert killed >= 1
+            with anyio.fail_after(10):
+                result = await bridge.publish("closed-1", "e", 1, producer_token=token)
+            log = await raw.xrange(f"{key_prefix}{{closed-1}}:log")
+        assert [entry[1][b"d"] for entry in log] == [b"0", b"1"]
+        assert result.ids == (log[1][0].decode(),)
     finally:
         await raw.aclose()

@@ -19,14 +19,13 @@ connection whenever kept ones and pool turns together would exceed the pool's si
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 from anyio import CancelScope
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError
 
 
 class Turns:
@@ -72,40 +71,61 @@ class Turns:
         self._pooled -= 1
         self._semaphore.release()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Held]:
-        """A turn that sends its commands on a kept connection of its own."""
+    def connection(self) -> Held:
+        """A turn that sends its commands on a kept connection of its own:
+        `async with turns.connection() as held: await held.execute(...)`."""
         assert self._pool is not None, "a cluster's scripts go through its client"
-        async with self._semaphore:
-            held = Held(self)
-            try:
-                yield held
-            finally:
-                if held.connection is not None:
-                    self._idle.append(held.connection)
+        return Held(self)
 
     async def _checkout(self) -> AbstractConnection:
         if self._idle:
-            return self._idle.pop()
+            connection = self._idle.pop()
+            # As the pool checks what it hands out: a connection the server closed (a
+            # restart, its idle timeout) or holding unread data is not reused (it
+            # connects again at its next send). `can_read` does no I/O.
+            if connection.is_connected:
+                try:
+                    stale = await connection.can_read()
+                except ConnectionError:  # it disconnected itself
+                    stale = False
+                if stale:
+                    await connection.disconnect()
+            return connection
         # The pool has one free: kept ones in use and pool turns hold turns, and there
         # is no idle kept one (see the module docstring).
         assert self._pool is not None
-        connection: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        made: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         self._kept += 1
-        return connection
+        return made
 
 
 class Held:
-    """The commands of one connection turn, sent on one kept connection (taken at the
-    first command, so that a failure to connect is that command's error). A command
-    interrupted on it (an error, a cancellation) leaves it disconnected (redis-py's
-    connection does that itself), and the next command connects it again."""
+    """One connection turn: its commands go on one kept connection, taken at the first
+    command (so that a failure to connect is that command's error) and kept again when
+    the turn ends. A command interrupted on it (an error, a cancellation) leaves it
+    disconnected (redis-py's connection does that itself), and the next command on it
+    connects again."""
 
     __slots__ = ("_turns", "connection")
 
     def __init__(self, turns: Turns) -> None:
         self._turns = turns
         self.connection: AbstractConnection | None = None
+
+    async def __aenter__(self) -> Held:
+        await self._turns._semaphore.acquire()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self.connection is not None:
+            self._turns._idle.append(self.connection)
+            self.connection = None
+        self._turns._semaphore.release()
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its raw reply (an error reply is raised)."""
