@@ -736,6 +736,7 @@ class RedisStreamBridge:
                 await self._redis.aclose()
             else:
                 await self._redis.aclose(close_connection_pool=True)
+            await self._turns.close()
         except (*_BACKEND_ERRORS, redis_errors.RedisError):
             pass
 

@@ -19,13 +19,15 @@ connection whenever kept ones and pool turns together would exceed the pool's si
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import TracebackType
 from typing import Any
 
-from anyio import CancelScope
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError
+
+log = logging.getLogger(__name__)
 
 
 class Turns:
@@ -50,14 +52,21 @@ class Turns:
         self._pooled += 1
         try:
             while self._kept + self._pooled > self._size and self._idle:
-                connection = self._idle.pop()
-                self._kept -= 1
-                assert self._pool is not None
-                with CancelScope(shield=True):
-                    await self._pool.release(connection)
+                await self._give_back(self._idle.pop())
         except BaseException:
             self._leave_pool()
             raise
+
+    async def _give_back(self, connection: AbstractConnection) -> None:
+        self._kept -= 1
+        assert self._pool is not None
+        # Shielded from a cancellation of the caller (redis-py's release takes the
+        # connection off its in-use set before its first await, so even then the pool
+        # has it back before another turn can ask for it).
+        try:
+            await asyncio.shield(self._pool.release(connection))
+        except (ConnectionError, OSError) as exc:  # it is out of use either way
+            log.info("giving a kept Redis connection back failed: %s", exc)
 
     async def __aexit__(
         self,
@@ -77,20 +86,31 @@ class Turns:
         assert self._pool is not None, "a cluster's scripts go through its client"
         return Held(self)
 
+    async def close(self) -> None:
+        """Close the idle kept connections (the bridge closes its pool first; this is
+        for a script that reconnected one on its way out)."""
+        while self._idle:
+            await self._idle.pop().disconnect(nowait=True)
+
+    def _take_idle(self) -> AbstractConnection | None:
+        return self._idle.pop() if self._idle else None
+
+    async def _fresh(self, connection: AbstractConnection) -> None:
+        """As the pool checks what it hands out: a kept connection the server closed (a
+        restart, its idle timeout), holding unread data, or marked to reconnect is
+        closed, and connects again at its next send. `can_read` does no I/O."""
+        if not connection.is_connected:
+            return
+        stale = bool(connection.should_reconnect())  # type: ignore[no-untyped-call]
+        if not stale:
+            try:
+                stale = await connection.can_read()
+            except ConnectionError:  # it disconnected itself
+                return
+        if stale:
+            await connection.disconnect(nowait=True)
+
     async def _checkout(self) -> AbstractConnection:
-        if self._idle:
-            connection = self._idle.pop()
-            # As the pool checks what it hands out: a connection the server closed (a
-            # restart, its idle timeout) or holding unread data is not reused (it
-            # connects again at its next send). `can_read` does no I/O.
-            if connection.is_connected:
-                try:
-                    stale = await connection.can_read()
-                except ConnectionError:  # it disconnected itself
-                    stale = False
-                if stale:
-                    await connection.disconnect()
-            return connection
         # The pool has one free: kept ones in use and pool turns hold turns, and there
         # is no idle kept one (see the module docstring).
         assert self._pool is not None
@@ -131,6 +151,11 @@ class Held:
         """Send one command and return its raw reply (an error reply is raised)."""
         connection = self.connection
         if connection is None:
-            connection = self.connection = await self._turns._checkout()
+            # Held before any await, so that the turn's end keeps it whatever happens.
+            connection = self.connection = self._turns._take_idle()
+            if connection is None:
+                connection = self.connection = await self._turns._checkout()
+            else:
+                await self._turns._fresh(connection)
         await connection.send_command(*args)
         return await connection.read_response()
