@@ -138,27 +138,33 @@ async def test_a_script_cut_off_on_its_kept_connection_leaves_no_reply_for_the_n
         await raw.aclose()
 
 
-async def test_a_kept_connection_the_server_closed_is_not_reused_for_a_write(
+async def test_a_connection_the_server_closed_is_never_used_again(
     redis_server_factory: Callable[..., RedisServer], key_prefix: str
 ) -> None:
-    """A kept connection the server closed while it was idle (a restart, the server's
-    idle `timeout`; here CLIENT KILL) is replaced before the next script goes out on it:
-    the write succeeds, where sending it on the dead connection would fail it with a
-    503 (a write is never re-sent after it may have run)."""
+    """A connection the server closed while it was idle (a restart, the server's idle
+    `timeout`; here CLIENT KILL) is replaced before a command goes out on it, whether a
+    script kept it or the pool hands it out: the write succeeds, where sending it on the
+    dead connection would fail it with a 503 (a write is never re-sent after it may
+    have run), and so do a readiness ping and a session read (neither is retried)."""
     server = redis_server_factory()
     settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix)
     raw = Redis.from_url(server.url)
     try:
         async with open_bridge(settings) as bridge:
-            token = (await bridge.claim("closed-1")).token
+            store = session_store_for(bridge, settings)
+            token = (await bridge.claim("closed-1", session_id="closed-s")).token
             await bridge.publish("closed-1", "e", 0, producer_token=token)
+            await bridge.ping()
+            await store.list_turns("closed-s")
             # Every command connection, not the notifier's (pub/sub) nor this one. The
             # server closes them before it answers, so their end has reached the
             # gateway's loop by the time this returns.
             killed = await raw.client_kill_filter(_type="normal", skipme=True)
-            assert killed >= 1
+            assert killed >= 2  # a kept one and a pooled one
             with anyio.fail_after(10):
                 result = await bridge.publish("closed-1", "e", 1, producer_token=token)
+                await bridge.ping()
+                await store.list_turns("closed-s")
             log = await raw.xrange(f"{key_prefix}{{closed-1}}:log")
         assert [entry[1][b"d"] for entry in log] == [b"0", b"1"]
         assert result.ids == (log[1][0].decode(),)

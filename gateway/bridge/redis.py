@@ -24,7 +24,7 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup
 from redis import exceptions as redis_errors
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -65,7 +65,7 @@ from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import RunFeed
 from .redis_notifier import Notifier, OneServer, Router
 from .redis_turns import Held, Turns
-from .redis_wire import PackedConnection
+from .redis_wire import CheckedPool, PackedConnection
 from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 
@@ -142,7 +142,7 @@ def _connect(settings: Settings) -> RedisClient:
     # session store with the same turns), and there are as many turns as connections, so
     # a caller with its turn always finds one free. (redis-py's blocking pool would add a
     # condition and a timer to every command.) Plain TCP connections pack with hiredis.
-    pool = ConnectionPool.from_url(
+    pool = CheckedPool.from_url(
         url,
         max_connections=settings.redis_max_connections,
         connection_class=PackedConnection,  # rediss:// and unix:// keep redis-py's own

@@ -96,19 +96,10 @@ class Turns:
         return self._idle.pop() if self._idle else None
 
     async def _fresh(self, connection: AbstractConnection) -> None:
-        """As the pool checks what it hands out: a kept connection the server closed (a
-        restart, its idle timeout), holding unread data, or marked to reconnect is
-        closed, and connects again at its next send. `can_read` does no I/O."""
-        if not connection.is_connected:
-            return
-        stale = bool(connection.should_reconnect())  # type: ignore[no-untyped-call]
-        if not stale:
-            try:
-                stale = await connection.can_read()
-            except ConnectionError:  # it disconnected itself
-                return
-        if stale:
-            await connection.disconnect(nowait=True)
+        """Check a kept connection as the pool checks what it hands out (one the server
+        closed, holding unread data or marked to reconnect connects anew)."""
+        assert self._pool is not None
+        await self._pool.ensure_connection(connection)
 
     async def _checkout(self) -> AbstractConnection:
         # The pool has one free: kept ones in use and pool turns hold turns, and there

@@ -1,4 +1,5 @@
-"""The connection the Redis bridge's command pool uses: redis-py's, packing with hiredis.
+"""The Redis bridge's command pool and its connections: redis-py's, checking what the pool
+hands out, and packing with hiredis.
 
 redis-py's asyncio connection packs every command in Python (its synchronous one already
 packs with hiredis when it is installed): for a publish, whose script call carries a
@@ -13,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import hiredis
-from redis.asyncio import Connection
+from redis.asyncio import Connection, ConnectionPool
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError
 
 _PACKED_TYPES = (bytes, str, int)
 
@@ -33,3 +36,25 @@ class PackedConnection(Connection):
             return [hiredis.pack_command(args)]
         except Exception:  # what redis-py would refuse: let it refuse it, its own way
             return super().pack_command(*args)
+
+
+class CheckedPool(ConnectionPool):
+    """redis-py's pool, which checks each connection it hands out, always.
+
+    The pool means to replace a connection the server closed (a restart, the server's
+    idle `timeout`) or one holding unread data, but redis-py 8.1 skips that check while
+    its maintenance notifications are "auto", the default: the connection was handed
+    out and its command failed (a 503, as a write is never re-sent). `ensure_connection`
+    is the pool's public hook for the check; the connections the bridge keeps for its
+    scripts (`redis_turns.py`) go through it too. `can_read` does no I/O.
+    """
+
+    async def ensure_connection(self, connection: AbstractConnection) -> None:
+        await connection.connect()  # type: ignore[no-untyped-call]
+        try:
+            stale = bool(connection.should_reconnect()) or await connection.can_read()  # type: ignore[no-untyped-call]
+        except ConnectionError:  # it found the socket closed and disconnected itself
+            stale = True
+        if stale:
+            await connection.disconnect(nowait=True)
+            await connection.connect()  # type: ignore[no-untyped-call]
