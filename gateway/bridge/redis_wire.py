@@ -50,11 +50,12 @@ class CheckedPool(ConnectionPool):
     """
 
     async def ensure_connection(self, connection: AbstractConnection) -> None:
-        await connection.connect()  # type: ignore[no-untyped-call]
-        try:
-            stale = bool(connection.should_reconnect()) or await connection.can_read()  # type: ignore[no-untyped-call]
-        except ConnectionError:  # it found the socket closed and disconnected itself
-            stale = True
-        if stale:
-            await connection.disconnect(nowait=True)
+        if connection.is_connected:
+            try:
+                stale = bool(connection.should_reconnect()) or await connection.can_read()  # type: ignore[no-untyped-call]
+            except ConnectionError:  # it found the socket closed and disconnected itself
+                stale = False
+            if stale:
+                await connection.disconnect(nowait=True)
+        if not connection.is_connected:  # (connect() itself goes through a retry wrapper)
             await connection.connect()  # type: ignore[no-untyped-call]
