@@ -37,7 +37,6 @@ from .hosts import is_loopback
 ENV_PREFIX = "GATEWAY_"
 MIN_JWT_SECRET_BYTES = 32
 
-# What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
 # Redis URL query options that would set, a second time, what these settings set (the
 # client library lets the URL override them): each is refused, naming the setting.
 _REDIS_URL_OWNED: Final = {
@@ -46,6 +45,7 @@ _REDIS_URL_OWNED: Final = {
     "socket_timeout": "redis_command_timeout_seconds",
     "socket_connect_timeout": "redis_connect_timeout_seconds",
 }
+# What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
 _ORIGIN_RE: Final = re.compile(
     r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?/?"
 )

@@ -61,9 +61,7 @@ async def test_every_caller_takes_a_turn_so_the_plain_pool_never_runs_out(
     """The pool is never waited on (it refuses a caller beyond its size at once): writers,
     readers replaying from Redis, run lookups and the session store, all at once on two
     connections, every one of them gets its turn and none is refused."""
-    settings = Settings(
-        redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2
-    )
+    settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2)
     runs, events = 10, 40
     failures: list[BaseException] = []
     async with open_bridge(settings) as bridge:
@@ -109,9 +107,7 @@ async def test_a_script_cut_off_on_its_kept_connection_leaves_no_reply_for_the_n
     (paused writes) must not leave its reply to be read as the next script's: the next
     publish, on the same connection (the last one given back is the next one taken),
     must get its own id back."""
-    settings = Settings(
-        redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2
-    )
+    settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2)
     raw = Redis.from_url(redis_url)
     try:
         async with open_bridge(settings) as bridge:

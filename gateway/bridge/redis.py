@@ -138,10 +138,11 @@ def _connect(settings: Settings) -> RedisClient:
             retry=_no_retry(),
             **timeouts,
         )
-    # A plain pool, never waited on: every caller takes a turn first (`_call`, and the
-    # session store with the same turns), and there are as many turns as connections, so
-    # a caller with its turn always finds one free. (redis-py's blocking pool would add a
-    # condition and a timer to every command.) Plain TCP connections pack with hiredis.
+    # A plain pool, never waited on: every caller takes a turn first (`redis_turns`: the
+    # bridge's calls and the session store's), and there are as many turns as
+    # connections, so a caller with its turn always finds one free. (redis-py's blocking
+    # pool would add a condition and a timer to every command.) It checks every
+    # connection it hands out; plain TCP connections pack with hiredis.
     pool = CheckedPool.from_url(
         url,
         max_connections=settings.redis_max_connections,
@@ -338,12 +339,14 @@ class RedisStreamBridge:
         if not self._turns.keeps_connections:  # a cluster: its client routes the script
             return await self._call(lambda: script(keys=list(keys), args=list(args)), resend=resend)
 
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+
         async def run(held: Held) -> Any:
             try:
-                return await held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return await held.execute(*command)
             except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
                 await held.execute("SCRIPT", "LOAD", script.script)
-                return await held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return await held.execute(*command)
 
         async with self._turns.connection() as held:
             return await self._attempts(lambda: run(held), resend)

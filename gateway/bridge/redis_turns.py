@@ -92,21 +92,20 @@ class Turns:
         while self._idle:
             await self._idle.pop().disconnect(nowait=True)
 
-    def _take_idle(self) -> AbstractConnection | None:
-        return self._idle.pop() if self._idle else None
-
-    async def _fresh(self, connection: AbstractConnection) -> None:
-        """Check a kept connection as the pool checks what it hands out (one the server
-        closed, holding unread data or marked to reconnect connects anew)."""
+    async def _checkout(self, held: Held) -> AbstractConnection:
+        """A connection for `held`, set on it before any await (so that the turn's end
+        keeps it whatever happens), checked as the pool checks what it hands out (one
+        the server closed, holding unread data or marked to reconnect connects anew)."""
         assert self._pool is not None
-        await self._pool.ensure_connection(connection)
-
-    async def _checkout(self) -> AbstractConnection:
+        if self._idle:
+            connection = held.connection = self._idle.pop()
+            await self._pool.ensure_connection(connection)
+            return connection
         # The pool has one free: kept ones in use and pool turns hold turns, and there
         # is no idle kept one (see the module docstring).
-        assert self._pool is not None
         made: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         self._kept += 1
+        held.connection = made
         return made
 
 
@@ -140,13 +139,6 @@ class Held:
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its raw reply (an error reply is raised)."""
-        connection = self.connection
-        if connection is None:
-            # Held before any await, so that the turn's end keeps it whatever happens.
-            connection = self.connection = self._turns._take_idle()
-            if connection is None:
-                connection = self.connection = await self._turns._checkout()
-            else:
-                await self._turns._fresh(connection)
+        connection = self.connection or await self._turns._checkout(self)
         await connection.send_command(*args)
         return await connection.read_response()
