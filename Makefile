@@ -25,7 +25,7 @@ check: bootstrap lint types test
 # all on the 2-vCPU dev machine); every script prints its figures beside a baseline
 # measured in the same run. bench/sse_load.py and bench/baselines.py are helpers, not
 # benches. Full-length runs: call a script without --quick (see BENCHMARKS.md).
-BENCH_SCRIPTS := bridge_publish bridge_fanout bridge_resume sse_memory sse_redis sse_idle sse_reconnect \
+BENCH_SCRIPTS := bridge_publish publish_call bridge_fanout bridge_resume sse_memory sse_redis sse_idle sse_reconnect \
 	http_publish producer_client sse_sweep sessions_index cluster_notifications workers
 
 bench: bootstrap
