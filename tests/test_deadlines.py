@@ -1,6 +1,8 @@
-"""Unit tests of the memory bridge's timed waits (`gateway.bridge.deadlines`): a `Signal`
-wakes its waiters, a deadline ends a wait no earlier than asked and within its bucket,
-and waits due in the same slot share one bucket (one timer).
+"""Unit tests of `gateway.bridge.deadlines`: a `Signal` wakes its waiters, a deadline ends
+a wait no earlier than asked and within its bucket, and waits due in the same slot share
+one bucket (one timer). A `CallDeadline` stops a call that outlasts it with TimeoutError,
+no earlier than asked, leaves a call that ends in time alone, and never turns a
+cancellation from elsewhere into a timeout.
 
 The deadline tests wait in real time, briefly and bounded: what they check is when the
 loop's timer fires, which no event can stand in for.
@@ -13,7 +15,13 @@ import asyncio
 import anyio
 import pytest
 
-from gateway.bridge.deadlines import DEADLINE_RESOLUTION, Deadlines, Signal
+from gateway.bridge.deadlines import (
+    DEADLINE_RESOLUTION,
+    CallDeadline,
+    CallDeadlines,
+    Deadlines,
+    Signal,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
@@ -96,3 +104,51 @@ async def test_a_wait_woken_by_its_deadline_is_not_woken_again_by_the_signal() -
     signal.fire()  # the timed-out waiter left the signal: no set_result on a done future
     with anyio.fail_after(1):
         assert await signal.wait_until(deadlines, loop.time() + FAR) is True
+
+
+async def test_a_call_that_outlasts_its_deadline_gets_a_timeout_no_earlier() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = CallDeadlines(0.05)
+    started = loop.time()
+    with anyio.fail_after(2), pytest.raises(TimeoutError), deadlines.start():
+        await asyncio.Event().wait()  # a call that never answers
+    stopped = loop.time()
+    assert stopped >= started + 0.05
+    assert stopped < started + 0.05 + DEADLINE_RESOLUTION + 0.5
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # its cancellation was taken back
+
+
+async def test_a_call_that_ends_in_time_is_left_alone_when_its_slot_passes() -> None:
+    deadlines = CallDeadlines(0.02)
+    with deadlines.start() as call:
+        await asyncio.sleep(0)
+    with anyio.fail_after(2):
+        # Past the slot the call's deadline fell in: its timer fired with nobody in it.
+        await asyncio.sleep(0.02 + 2 * DEADLINE_RESOLUTION)
+    assert not call.expired
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+async def test_a_cancellation_from_elsewhere_is_never_made_a_timeout() -> None:
+    deadlines = CallDeadlines(FAR)
+    calls: list[CallDeadline] = []
+    inside = asyncio.Event()
+
+    async def call() -> None:
+        with deadlines.start() as deadline:
+            calls.append(deadline)
+            inside.set()
+            await asyncio.Event().wait()
+
+    for expired_too in (False, True):
+        inside.clear()
+        task = asyncio.ensure_future(call())
+        await inside.wait()
+        if expired_too:
+            calls[-1].expire()  # its deadline passes as the caller cancels it
+        task.cancel()
+        with anyio.fail_after(1):
+            await asyncio.wait([task])
+        assert task.cancelled(), expired_too  # CancelledError, not TimeoutError

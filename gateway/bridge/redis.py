@@ -60,6 +60,7 @@ from ..values import (
 )
 from . import rules
 from .base import one_by_one
+from .deadlines import CallDeadlines
 from .keys import RunKeys, check_prefix, run_keys
 from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import RunFeed
@@ -119,7 +120,7 @@ def _connect(settings: Settings) -> RedisClient:
     followed by the cluster client itself (the command was not run where it was refused).
 
     Timeouts: connecting is bounded by `redis_connect_timeout_seconds`; every bridge
-    operation by `redis_command_timeout_seconds` (`_call`, with `asyncio.timeout`).
+    operation by `redis_command_timeout_seconds` (`_attempts`, with a `CallDeadline`).
     redis-py's own socket timeout stays off: it wraps each send in `asyncio.wait_for`,
     which on Python 3.11 can drop a cancellation that arrives as the send completes, and
     a response whose client went away must always be stoppable.
@@ -212,6 +213,7 @@ class RedisStreamBridge:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = commands
         self._closed = False
+        self._deadlines = CallDeadlines(settings.redis_command_timeout_seconds)
         # Turns at the pool (see `redis_turns`); the command timeout starts once the
         # caller has its turn. On one server, scripts keep connections between turns.
         self._turns = Turns(
@@ -302,7 +304,7 @@ class RedisStreamBridge:
         """
         attempt = 0
         try:
-            async with asyncio.timeout(self._settings.redis_command_timeout_seconds):
+            with self._deadlines.start():
                 while True:
                     if self._closed:
                         raise BridgeClosed("the bridge is closed")
