@@ -1,6 +1,7 @@
 """Event ids and reconnect cursors: `<ms>-<seq>`, ASCII digits, each part an unsigned 64-bit.
 
-One parser serves both backends, before any cursor reaches XREAD and when detecting gaps.
+One parser serves both backends, before any cursor reaches XREAD and when detecting gaps;
+ids a backend assigned itself are read with `key_of`, which checks nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def parse_cursor(cursor: str) -> EventKey:
     if not sep:
         raise MalformedCursor("cursor must look like <ms>-<seq>")
     return _component(ms), _component(seq)
+
+
+def key_of(entry_id: str) -> EventKey:
+    """The key of an id a backend assigned (well-formed by construction, so unchecked:
+    the bridges' per-event bookkeeping, where `parse_cursor` was a visible cost)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
 
 
 def try_parse_cursor(cursor: str | None) -> EventKey | None:

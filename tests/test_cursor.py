@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cursor import MalformedCursor, parse_cursor, try_parse_cursor
+from gateway.cursor import MalformedCursor, key_of, parse_cursor, try_parse_cursor
 from gateway.errors import InvalidInput
 
 UINT64_MAX = 18446744073709551615
@@ -134,3 +134,10 @@ def test_error_message_does_not_echo_huge_input() -> None:
     with pytest.raises(MalformedCursor) as info:
         parse_cursor(huge)
     assert len(str(info.value)) < 1_000
+
+
+@pytest.mark.parametrize(
+    "entry_id", ["0-0", "0-1", "1700000000000-0", f"{UINT64_MAX}-{UINT64_MAX}"]
+)
+def test_key_of_reads_backend_ids_as_the_parser_does(entry_id: str) -> None:
+    assert key_of(entry_id) == parse_cursor(entry_id)

@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
-from ..cursor import EventKey, format_key, parse_cursor
+from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..errors import (
     BackendUnavailable,
     BridgeClosed,
@@ -841,7 +841,7 @@ class _Reader:
         if isinstance(last, End | StreamGap):
             return True
         assert isinstance(last, StreamEvent)
-        self.position = parse_cursor(last.id)
+        self.position = key_of(last.id)
         self.checked = True
         self.idle_since = time.monotonic()
         return False

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ..cursor import EventKey, format_key, parse_cursor
+from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..values import End
 from .deadlines import Deadlines, Signal
 from .keys import RunKeys
@@ -220,7 +220,7 @@ class RunFeed:
 
     def _append(self, entry: Entry) -> None:
         assert entry.id is not None
-        key = parse_cursor(entry.id)
+        key = key_of(entry.id)
         if key <= self._head_key:
             return  # pushed while a read was in flight: we have it already
         self._head_key = key

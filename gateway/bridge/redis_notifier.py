@@ -270,12 +270,20 @@ class Notifier:
                     try:
                         # No timeout (it would cost a timeout context per message):
                         # channels to subscribe again are retried by `_retry_soon`.
-                        message = await pubsub.get_message(timeout=None)
+                        response = await pubsub.parse_response(block=True)
                     except redis_errors.AskError as refused:  # MovedError is one too
                         await self._refused(listener, refused)
                         continue
-                    if message is not None:
-                        self._dispatch(listener, message)
+                    if isinstance(response, list) and response[0] == b"smessage":
+                        # Nearly every message: straight to its feed (redis-py's message
+                        # dict keeps no state for these).
+                        feed = self._feeds.get(as_text(response[1]))
+                        if feed is not None:
+                            feed.push(response[2])
+                    elif response is not None:  # (un)subscribe replies keep its state
+                        message = await pubsub.handle_message(response)  # type: ignore[no-untyped-call]
+                        if message is not None:
+                            self._dispatch(listener, message)
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("change notifications from %s interrupted: %s", listener.node, exc)
             finally:
@@ -319,13 +327,9 @@ class Notifier:
         self._tried.set()
 
     def _dispatch(self, listener: _Listener, message: dict[str, Any]) -> None:
-        kind = message["type"]
+        """A message other than a notification (those go straight to their feed)."""
         channel = as_text(message["channel"])
-        if kind == "smessage":
-            feed = self._feeds.get(channel)
-            if feed is not None:
-                feed.push(message["data"])
-        elif kind == "sunsubscribe" and channel in listener.channels:
+        if message["type"] == "sunsubscribe" and channel in listener.channels:
             # Not ours (we drop a channel before unsubscribing it): the node lost the
             # channel's slot. Asking again gets MOVED to its new owner.
             self._retry_later(listener, [channel])
