@@ -66,7 +66,7 @@ from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
 from .redis_fanout import RunFeed
 from .redis_notifier import Notifier, OneServer, Router
 from .redis_turns import Held, Turns
-from .redis_wire import CheckedPool, PackedConnection
+from .redis_wire import CheckedPool, PackedConnection, pack
 from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 
@@ -341,14 +341,14 @@ class RedisStreamBridge:
         if not self._turns.keeps_connections:  # a cluster: its client routes the script
             return await self._call(lambda: script(keys=list(keys), args=list(args)), resend=resend)
 
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
 
         async def run(held: Held) -> Any:
             try:
-                return await held.execute(*command)
+                return await held.execute(command)
             except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
-                await held.execute("SCRIPT", "LOAD", script.script)
-                return await held.execute(*command)
+                await held.execute(pack("SCRIPT", "LOAD", script.script))
+                return await held.execute(command)
 
         async with self._turns.connection() as held:
             return await self._attempts(lambda: run(held), resend)
@@ -445,9 +445,15 @@ class RedisStreamBridge:
             args.append(name)
             args.append(payload)
         reply = await self._script("publish", keys.both, *args)
+        outcome = as_text(reply[0])
+        if outcome == "ok":
+            return PublishResult(
+                ids=tuple([as_text(entry_id) for entry_id in reply[3:]]),
+                cancel_requested=reply[1] == 1,
+                session_id=as_text(reply[2]) or None,
+            )
         self._raise_refusal(run_id, reply)
         # -- numbered appends (see gateway.sequence)
-        outcome = as_text(reply[0])
         if outcome == "duplicate":
             return PublishResult(
                 ids=tuple(as_text(reply[3]).split(" ")),
@@ -468,11 +474,7 @@ class RedisStreamBridge:
                 expected,
             )
         # --
-        return PublishResult(
-            ids=tuple(as_text(entry_id) for entry_id in reply[3:]),
-            cancel_requested=reply[1] == 1,
-            session_id=as_text(reply[2]) or None,
-        )
+        raise AssertionError(f"publish.lua replied {outcome!r}")
 
     async def publish_end(
         self,

@@ -82,7 +82,7 @@ class Turns:
 
     def connection(self) -> Held:
         """A turn that sends its commands on a kept connection of its own:
-        `async with turns.connection() as held: await held.execute(...)`."""
+        `async with turns.connection() as held: await held.execute(packed)`."""
         assert self._pool is not None, "a cluster's scripts go through its client"
         return Held(self)
 
@@ -137,8 +137,9 @@ class Held:
             self.connection = None
         self._turns._semaphore.release()
 
-    async def execute(self, *args: Any) -> Any:
-        """Send one command and return its raw reply (an error reply is raised)."""
+    async def execute(self, packed: bytes) -> Any:
+        """Send one packed command (`redis_wire.pack`) and return its raw reply (an error
+        reply is raised)."""
         connection = self.connection or await self._turns._checkout(self)
-        await connection.send_command(*args)
+        await connection.send_packed_command(packed)
         return await connection.read_response()
