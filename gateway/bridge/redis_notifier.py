@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
@@ -273,11 +274,19 @@ class Notifier:
                 await self._connect(listener, pubsub)
                 reached = True
                 backoff = 0.05
+                connection = pubsub.connection  # (its first SSUBSCRIBE made it)
+                if connection is None:
+                    raise redis_errors.ConnectionError("the pub/sub connection is gone")
                 while listener.channels:
                     try:
-                        # No timeout (it would cost a timeout context per message):
-                        # channels to subscribe again are retried by `_retry_soon`.
-                        response = await pubsub.parse_response(block=True)
+                        # Off the connection itself: PubSub.parse_response adds a health
+                        # check and a retry layer per message, both unused here. No
+                        # timeout (`math.inf`; one would cost a timeout context per
+                        # message): channels to subscribe again are retried by
+                        # `_retry_soon`.
+                        response = await connection.read_response(
+                            timeout=math.inf, disconnect_on_error=False, push_request=True
+                        )
                     except redis_errors.AskError as refused:  # MovedError is one too
                         await self._refused(listener, refused)
                         continue
@@ -288,7 +297,7 @@ class Notifier:
                         if feed is not None:
                             feed.push(response[2])
                     elif response is not None:  # (un)subscribe replies keep its state
-                        message = await pubsub.handle_message(response)  # type: ignore[no-untyped-call]
+                        message = await pubsub.handle_message(response)
                         if message is not None:
                             self._dispatch(listener, message)
             except (redis_errors.RedisError, OSError) as exc:

@@ -141,5 +141,6 @@ class Held:
         """Send one packed command (`redis_wire.pack`) and return its raw reply (an error
         reply is raised)."""
         connection = self.connection or await self._turns._checkout(self)
-        await connection.send_packed_command(packed)
+        # (No health check: redis-py's is off here; the turns check what they hand out.)
+        await connection.send_packed_command(packed, check_health=False)
         return await connection.read_response()
