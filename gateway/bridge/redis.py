@@ -214,6 +214,7 @@ class RedisStreamBridge:
         self._redis = commands
         self._closed = False
         self._deadlines = CallDeadlines(settings.redis_command_timeout_seconds)
+        self._ttl_ms = ceil_ms(settings.stream_ttl_seconds)  # the run keys' rolling TTL
         # Turns at the pool (see `redis_turns`); the command timeout starts once the
         # caller has its turn. On one server, scripts keep connections between turns.
         self._turns = Turns(
@@ -359,9 +360,6 @@ class RedisStreamBridge:
             raise InvalidInput("lease_seconds must be a positive number")
         return ceil_ms(min(seconds, self._settings.max_lease_seconds))
 
-    @property
-    def _ttl_ms(self) -> int:
-        return ceil_ms(self._settings.stream_ttl_seconds)
 
     # -- producer side ----------------------------------------------------------
 
