@@ -37,7 +37,7 @@ def check_seq(seq: int, count: int) -> int:
         raise InvalidInput(f"the producer sequence number must stay at most {MAX_SEQ}")
     if count < 1:
         raise InvalidInput("a numbered batch needs at least one event")
-    return seq
+    return int(seq)  # a plain int (not a subclass such as an IntEnum): it is sent as is
 
 
 def parse_seq_header(raw: str | None) -> int | None:

@@ -45,6 +45,12 @@ _REDIS_URL_OWNED: Final = {
     "socket_timeout": "redis_command_timeout_seconds",
     "socket_connect_timeout": "redis_connect_timeout_seconds",
 }
+# Redis URL query options the bridge cannot work with: it reads and writes Redis data as
+# bytes itself (payloads kept exactly, notifications parsed as bytes).
+_REDIS_URL_REFUSED: Final = {
+    "decode_responses": "the gateway reads Redis replies as bytes",
+    "encoding": "the gateway encodes what it writes to Redis itself",
+}
 # What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
 _ORIGIN_RE: Final = re.compile(
     r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?/?"
@@ -209,6 +215,10 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"the URL's {option} option is the gateway's own setting: set "
                     f"{_REDIS_URL_OWNED[option]} instead"
+                )
+            if option in _REDIS_URL_REFUSED:
+                raise ValueError(
+                    f"the URL's {option} option is not supported: {_REDIS_URL_REFUSED[option]}"
                 )
         return url
 

@@ -11,6 +11,7 @@ the script.
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import uuid4
@@ -136,6 +137,24 @@ async def test_duplicate_batch_returns_its_ids_and_appends_nothing(bridge: Strea
     assert dup.duplicate and dup.cancel_requested
     await bridge.publish_end(run_id, "success", producer_token=tok)
     assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3]
+
+
+async def test_an_int_subclass_is_numbered_by_its_value(bridge: StreamBridge) -> None:
+    # An IntEnum (any int subclass) is taken as the int it is, on both bridges: on Redis
+    # it once reached the wire packer, which refuses int subclasses (a 500).
+    class Number(enum.IntEnum):
+        FIRST = 1
+        SECOND = 2
+
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    one = await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=Number.FIRST)
+    two = await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=Number.SECOND)
+    again = await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
+    assert not one.duplicate and not two.duplicate
+    assert again.duplicate and again.ids == two.ids
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    assert [n for _, n in await logged(bridge, run_id)] == [1, 2]
 
 
 async def test_a_retry_renews_the_lease_like_any_publish(bridge: StreamBridge) -> None:

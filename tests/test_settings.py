@@ -158,6 +158,18 @@ def test_redis_url_options_that_are_settings_are_refused(option: str, setting: s
     with pytest.raises(ConfigError) as caught:
         build_settings({"redis_url": url})
     assert setting in str(caught.value) and "hunter2secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("option", ["decode_responses=true", "encoding=latin-1"])
+def test_redis_url_options_that_decode_replies_are_refused(option: str) -> None:
+    # The bridge reads replies as bytes (notifications are parsed as bytes): decoded ones
+    # would go unrecognised.
+    url = f"redis://:hunter2secret@127.0.0.1:6379/0?{option}"
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"redis_url": url})
+    message = str(caught.value)
+    assert option.split("=")[0] in message and "not supported" in message
+    assert "hunter2secret" not in message
     other = Settings(redis_url="redis://:hunter2secret@127.0.0.1:6379/0?health_check_interval=5")
     assert "hunter2secret" not in repr(other)
 

@@ -360,7 +360,6 @@ class RedisStreamBridge:
             raise InvalidInput("lease_seconds must be a positive number")
         return ceil_ms(min(seconds, self._settings.max_lease_seconds))
 
-
     # -- producer side ----------------------------------------------------------
 
     async def claim(
