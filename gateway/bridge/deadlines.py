@@ -18,7 +18,7 @@ import math
 from types import TracebackType
 
 # Deadlines are kept to this resolution (seconds): a heartbeat may come this much later
-# than the interval (a command's timeout fire this much later), and one timer serves
+# than the interval (a command's timeout fires this much later), and one timer serves
 # every reader (every call) due in the same slot.
 DEADLINE_RESOLUTION = 0.025
 
