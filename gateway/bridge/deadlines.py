@@ -1,13 +1,14 @@
 """Cheap deadlines: timed waits for both bridges' readers (the memory bridge's generations
 and the Redis bridge's run feeds), and the Redis bridge's bound on each command.
 
-- `Signal`, a one-shot wake-up waited with a deadline, and `Deadlines`, which serves
-  every deadline that falls in the same short slot with one loop timer. An idle
+- `Slots`: items due at deadlines, every deadline that falls in the same short slot
+  served by one loop timer; both kinds below keep theirs there.
+- `Signal`, a one-shot wake-up waited with a deadline in `Deadlines`. An idle
   subscription is what a process holds thousands of, and a reader that takes an event
   goes back to wait at once: per wait, these cost one future and a place in a set, no
   timer and no timeout context of its own.
-- `CallDeadlines`: what `asyncio.timeout` does for one call, with one loop timer per
-  slot however many calls start in it. A timeout context creates and cancels a loop
+- `CallDeadlines`: what `asyncio.timeout` does for one call, in `Slots` (one loop timer
+  however many calls start in the same slot). A timeout context creates and cancels a loop
   timer per call, which was about a tenth of the CPU of an awaited publish.
 """
 
@@ -15,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from types import TracebackType
+from typing import Generic, TypeVar
 
 # Deadlines are kept to this resolution (seconds): a heartbeat may come this much later
 # than the interval (a command's timeout fires this much later), and one timer serves
 # every reader (every call) due in the same slot.
 DEADLINE_RESOLUTION = 0.025
+
+T = TypeVar("T")
 
 
 class Signal:
@@ -58,39 +63,56 @@ class Signal:
             self._waiters.discard(waiter)
 
 
-class Deadlines:
-    """Waiters' deadlines rounded up to `DEADLINE_RESOLUTION`: one loop timer per bucket.
-
-    Readers woken together by a publish go back to wait together, so their heartbeat
-    deadlines fall in the same bucket; a timer per wait (created and cancelled for every
-    event a reader takes) was a tenth of the cost of delivering one.
+class Slots(Generic[T]):
+    """Items due at deadlines rounded up to `DEADLINE_RESOLUTION`: one loop timer per
+    slot, however many items fall in it; `expire(item)` for each item still in its slot
+    when the slot is due (an item leaves by being discarded from the set `add` returns).
     """
 
-    __slots__ = ("_buckets", "loop")
+    __slots__ = ("_buckets", "_expire_item", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[T], object]) -> None:
         self.loop = loop
-        self._buckets: dict[int, tuple[set[asyncio.Future[bool]], asyncio.TimerHandle]] = {}
+        self._expire_item = expire
+        self._buckets: dict[int, tuple[set[T], asyncio.TimerHandle]] = {}
 
-    def add(self, deadline: float, waiter: asyncio.Future[bool]) -> set[asyncio.Future[bool]]:
+    def add(self, deadline: float, item: T) -> set[T]:
         slot = math.ceil(deadline / DEADLINE_RESOLUTION)
         entry = self._buckets.get(slot)
         if entry is None:
-            timer = self.loop.call_at(slot * DEADLINE_RESOLUTION, self._expire, slot)
+            timer = self.loop.call_at(slot * DEADLINE_RESOLUTION, self._due, slot)
             entry = self._buckets[slot] = (set(), timer)
-        entry[0].add(waiter)
+        entry[0].add(item)
         return entry[0]
 
-    def _expire(self, slot: int) -> None:
-        waiters, _timer = self._buckets.pop(slot)
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(False)
+    def _due(self, slot: int) -> None:
+        items, _timer = self._buckets.pop(slot)
+        for item in items:
+            self._expire_item(item)
 
     def cancel(self) -> None:
-        for _waiters, timer in self._buckets.values():
+        for _items, timer in self._buckets.values():
             timer.cancel()
         self._buckets.clear()
+
+
+def _time_out(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class Deadlines(Slots["asyncio.Future[bool]"]):
+    """Waiters' deadlines: a waiter still waiting when its slot is due gets False.
+
+    Readers woken together by a publish go back to wait together, so their heartbeat
+    deadlines fall in the same slot; a timer per wait (created and cancelled for every
+    event a reader takes) was a tenth of the cost of delivering one.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop, _time_out)
 
 
 class CallDeadline:
@@ -101,12 +123,12 @@ class CallDeadline:
     elsewhere (also one that came as well) goes on as it came.
     """
 
-    __slots__ = ("_bucket", "_cancelling", "_task", "expired")
+    __slots__ = ("_cancelling", "_task", "bucket", "expired")
 
-    def __init__(self, task: asyncio.Task[object], bucket: set[CallDeadline]) -> None:
+    def __init__(self, task: asyncio.Task[object]) -> None:
         self._task = task
         self._cancelling = task.cancelling()
-        self._bucket = bucket
+        self.bucket: set[CallDeadline] = set()  # the slot it is due in (`Slots.add`)
         self.expired = False
 
     def __enter__(self) -> CallDeadline:
@@ -118,7 +140,7 @@ class CallDeadline:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._bucket.discard(self)
+        self.bucket.discard(self)
         if self.expired:
             # Our cancellation is taken back however the call ended; it is the call's
             # outcome only if no other came meanwhile.
@@ -132,15 +154,14 @@ class CallDeadline:
 
 
 class CallDeadlines:
-    """Deadlines `seconds` after each call starts, rounded up to `DEADLINE_RESOLUTION`
-    (a call is never stopped early, and at most that much late): one loop timer per
-    slot, however many calls start in it."""
+    """Deadlines `seconds` after each call starts (a call is never stopped early, and at
+    most `DEADLINE_RESOLUTION` late), in `Slots` made on the loop of the first call."""
 
-    __slots__ = ("_buckets", "_seconds")
+    __slots__ = ("_seconds", "_slots")
 
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds
-        self._buckets: dict[int, set[CallDeadline]] = {}
+        self._slots: Slots[CallDeadline] | None = None
 
     def start(self) -> CallDeadline:
         """The deadline of a call the current task makes now; use it as a `with` block."""
@@ -148,15 +169,9 @@ class CallDeadlines:
         if task is None:
             raise RuntimeError("a call deadline needs a task")
         loop = task.get_loop()
-        slot = math.ceil((loop.time() + self._seconds) / DEADLINE_RESOLUTION)
-        bucket = self._buckets.get(slot)
-        if bucket is None:
-            bucket = self._buckets[slot] = set()
-            loop.call_at(slot * DEADLINE_RESOLUTION, self._expire, slot)
-        call = CallDeadline(task, bucket)
-        bucket.add(call)
+        slots = self._slots
+        if slots is None or slots.loop is not loop:
+            slots = self._slots = Slots(loop, CallDeadline.expire)
+        call = CallDeadline(task)
+        call.bucket = slots.add(loop.time() + self._seconds, call)
         return call
-
-    def _expire(self, slot: int) -> None:
-        for call in self._buckets.pop(slot):
-            call.expire()

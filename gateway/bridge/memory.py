@@ -220,7 +220,7 @@ class MemoryStreamBridge:
         self._check_open()
         check_run_id(run_id)
         if seq is not None:
-            check_seq(seq, len(events))
+            seq = check_seq(seq, len(events))
         # Validate and encode the whole batch before touching state: a batch is atomic, and
         # the encoded bytes are the detached copy readers get (payload isolation).
         encoded = rules.encode_batch(events)

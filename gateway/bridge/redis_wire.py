@@ -40,7 +40,7 @@ class PackedConnection(Connection):
             # A command name with its subcommand ("SCRIPT LOAD"): separate arguments.
             return super().pack_command(*args)
         try:
-            return [hiredis.pack_command(args)]
+            return [pack(*args)]
         except Exception:  # what redis-py would refuse: let it refuse it, its own way
             return super().pack_command(*args)
 
