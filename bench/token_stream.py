@@ -1,6 +1,9 @@
 """What an agent UI produces: one token per POST at a fixed rate, followed over SSE, on the
 Redis bridge; the gateway against the naive Redis design (bench/baselines.py `redis`:
-one plain XADD per POST, one blocking-XREAD connection per follower) in the same run.
+one plain XADD per POST, one blocking-XREAD connection per follower) and against Vercel's
+`resumable-stream` in the same run. The third is bench/resumable_stream/server.mjs (Node):
+the run is the producer's in-process stream and every follower a resumer fed over Redis
+pub/sub (one PUBLISH per chunk per follower); `npm ci` installs it on first use.
 
 For 1 and 100 followers of one run, a producer POSTs one ~30-byte token event at
 `--rate` events/s for `--seconds`, then ENDs. Printed per server:
@@ -12,15 +15,25 @@ For 1 and 100 followers of one run, a producer POSTs one ~30-byte token event at
   count too);
 - publish -> receive latency p50 / p99, ms (the producer's timestamp in each payload).
 
-The server is pinned to CPU 0; redis-server, the producer and the followers to CPU 1.
+Each server is a fresh process per case and first serves `--warmup` seconds of the same
+load on another run, not measured: a fresh Node process's JIT otherwise puts its first
+second's latencies (80-130 ms at 100 followers) into the p99.
+
+The server is pinned to CPU 0 (node through `taskset` before exec, so that its startup
+threads are pinned too); redis-server, the producer and the followers to CPU 1.
 
 Run: .venv/bin/python bench/token_stream.py [--quick] [--rate 100] [--seconds 20]
+     [--servers gateway,naive,resumable-stream] [--warmup 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +41,7 @@ from typing import Any
 
 from _common import RedisServer
 from sse_load import (
+    ROOT,
     ClientSpec,
     HttpClient,
     Proc,
@@ -42,6 +56,54 @@ from sse_load import (
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
+SERVERS = ("gateway", "naive", "resumable-stream")
+NODE_DIR = ROOT / "bench" / "resumable_stream"
+
+
+def node_ready() -> str:
+    """The node binary, after `npm ci` in NODE_DIR if its node_modules is missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        sys.exit("the resumable-stream server needs Node.js 20+ and npm on PATH")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
+    if int(version.stdout.strip().lstrip("v").split(".")[0]) < 20:
+        sys.exit(f"the resumable-stream server needs Node.js 20+, found {version.stdout}")
+    if not (NODE_DIR / "node_modules").is_dir():
+        print(f"npm ci in {NODE_DIR} ...", flush=True)
+        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR)
+        if done.returncode != 0:
+            sys.exit(f"npm ci failed in {NODE_DIR} (exit {done.returncode})")
+    return node
+
+
+def resumable_stream_proc(
+    node: str, port: int, cpus: set[int] | None, log: Path, redis_url: str
+) -> Proc:
+    """bench/resumable_stream/server.mjs, pinned by `taskset` before node starts.
+
+    Node starts its helper threads (V8 platform workers, libuv) at startup, and Proc's
+    sched_setaffinity after the exec pins the main thread only. Proc.cpu() reads the
+    leader's /proc/<pid>/stat, whose utime/stime are the whole thread group's.
+    """
+    argv = [node, str(NODE_DIR / "server.mjs"), "--port", str(port), "--redis-url", redis_url]
+    if cpus and len(os.sched_getaffinity(0) | cpus) > 1:
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            sys.exit("taskset (util-linux) is needed to pin node before it starts")
+        argv = [taskset, "-c", ",".join(map(str, sorted(cpus))), *argv]
+    return Proc(argv, port, cpus, log)
+
+
+def unpinned_threads(proc: Proc, cpus: set[int]) -> list[int]:
+    """Threads of the server whose CPU affinity is not `cpus`."""
+    stray = []
+    for task in Path(f"/proc/{proc.popen.pid}/task").iterdir():
+        try:
+            if os.sched_getaffinity(int(task.name)) != cpus:
+                stray.append(int(task.name))
+        except OSError:  # the thread exited meanwhile
+            pass
+    return stray
 
 
 def command_calls(client: Any) -> int:
@@ -65,6 +127,12 @@ def measure(
     sent = asyncio.run(_produce_claimed(proc.port, rate, seconds, run_id, pending))
     result = load.wait(60)
     cpu, rcpu, calls = proc.cpu() - cpu0, redis_cpu(redis) - rcpu0, command_calls(redis) - calls0
+    if result.events != sent * followers or result.finished != followers:
+        print(
+            f"warning: {result.events} of {sent * followers} events delivered, "
+            f"{result.finished} of {followers} followers got the end frame",
+            file=sys.stderr,
+        )
     delivered = max(1, result.events)
     return {
         "sent": sent,
@@ -113,30 +181,51 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--followers", default="1,100")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=1.0,
+        help="seconds of the same load on each fresh server before it is measured",
+    )
+    parser.add_argument(
+        "--servers", default=",".join(SERVERS), help=f"comma list of: {', '.join(SERVERS)}"
+    )
     args = parser.parse_args()
     seconds = 5.0 if args.quick else args.seconds
+    chosen = {name.strip() for name in args.servers.split(",") if name.strip()}
+    if not chosen or chosen - set(SERVERS):
+        parser.error(f"--servers: unknown {sorted(chosen - set(SERVERS))}; pick from {SERVERS}")
+    servers = [name for name in SERVERS if name in chosen]
+    node = node_ready() if "resumable-stream" in chosen else ""
     pin(0, LOAD_CPU)
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
         pin(server.proc.pid, LOAD_CPU)  # type: ignore[union-attr]
         redis = server.client()
         print(f"one token per POST at {args.rate:g} ev/s for {seconds:g} s, Redis bridge")
         header = (
-            f"{'server':<10}{'followers':>10}{'server µs/ev':>14}{'µs/delivered':>14}"
+            f"{'server':<17}{'followers':>10}{'server µs/ev':>14}{'µs/delivered':>14}"
             f"{'redis µs/ev':>13}{'cmds/ev':>9}{'p50 ms':>9}{'p99 ms':>9}"
         )
         print(header)
         for followers in (int(f) for f in args.followers.split(",")):
-            for name in ("gateway", "naive"):
+            for name in servers:
                 port = free_port()
                 log = Path(tmp) / f"{name}-{followers}.log"
                 if name == "gateway":
                     proc = gateway_proc(port, SERVER_CPU, log, server.url)
-                else:
+                elif name == "naive":
                     proc = baseline_proc("redis", port, SERVER_CPU, log, server.url)
+                else:
+                    proc = resumable_stream_proc(node, port, SERVER_CPU, log, server.url)
                 with proc:
+                    stray = unpinned_threads(proc, SERVER_CPU)
+                    if stray and len(os.sched_getaffinity(0) | SERVER_CPU) > 1:
+                        print(f"warning: {name} threads {stray} not pinned", file=sys.stderr)
+                    if args.warmup > 0:  # Node's JIT warms up for about a second
+                        measure(proc, redis, followers, args.rate, args.warmup)
                     row = measure(proc, redis, followers, args.rate, seconds)
                 print(
-                    f"{name:<10}{followers:>10}{row['server_us_per_event']:>14.0f}"
+                    f"{name:<17}{followers:>10}{row['server_us_per_event']:>14.0f}"
                     f"{row['server_us_per_delivered']:>14.0f}{row['redis_us_per_event']:>13.0f}"
                     f"{row['redis_commands_per_event']:>9.1f}{row['p50_ms']:>9.2f}"
                     f"{row['p99_ms']:>9.2f}",
