@@ -1,21 +1,27 @@
 """Prometheus metrics of one app instance (its own registry, so several apps can coexist).
 
 Every metric is documented in docs/operations.md ("Metrics"). The hot path (SSE
-writes) touches only pre-bound children: labelled counters are resolved once here,
-never per event. Backend counters that the bridge keeps as plain integers (it imports
-no metrics code) are read at scrape time by `_BridgeCollector`.
+writes, appends) touches only plain numbers: `Tally` and `LagBuckets` are bumped
+without prometheus_client's per-call lock (one event loop writes them) and exported at
+scrape time by `_HotCollector`, as the same counter and histogram families. Labelled
+counters are resolved once here, never per event. Backend counters that the bridge
+keeps as plain integers (it imports no metrics code) are read at scrape time by
+`_BridgeCollector`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
 from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ..values import EndResult
 from .subscriptions import SubscriptionRegistry
@@ -61,6 +67,61 @@ class _BridgeCollector(Collector):
         )
 
 
+class Tally:
+    """A counter of the hot path: a plain number, exported by `_HotCollector`."""
+
+    __slots__ = ("created", "doc", "name", "value")
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name, self.doc = name, doc
+        self.value = 0
+        self.created = time.time()
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+    def family(self) -> Metric:
+        return CounterMetricFamily(self.name, self.doc, value=self.value, created=self.created)
+
+
+class LagBuckets:
+    """A histogram of the hot path: one count per bucket and a sum, exported by
+    `_HotCollector` with cumulative buckets, as prometheus_client's `Histogram` is."""
+
+    __slots__ = ("_bounds", "_counts", "_sum", "created", "doc", "name")
+
+    def __init__(self, name: str, doc: str, bounds: Sequence[float]) -> None:
+        self.name, self.doc = name, doc
+        self._bounds = tuple(bounds)
+        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound
+        self._sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect_left(self._bounds, value)] += 1  # a bucket holds values <= le
+        self._sum += value
+
+    def family(self) -> Metric:
+        les = [*map(floatToGoString, self._bounds), "+Inf"]
+        family = HistogramMetricFamily(
+            self.name,
+            self.doc,
+            buckets=list(zip(les, accumulate(self._counts), strict=True)),
+            sum_value=self._sum,
+        )
+        family.add_sample(self.name + "_created", {}, self.created)
+        return family
+
+
+class _HotCollector(Collector):
+    def __init__(self, metrics: Sequence[Tally | LagBuckets]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._metrics:
+            yield metric.family()
+
+
 class Metrics:
     def __init__(
         self,
@@ -80,21 +141,18 @@ class Metrics:
             registry=registry,
         )
         self.open_waits.set_function(lambda: subscriptions.open_waits)
-        self.events_published = Counter(
+        self.events_published = Tally(
             "gateway_events_published",
             "Events appended through the producer API of this process.",
-            registry=registry,
         )
-        self.events_delivered = Counter(
+        self.events_delivered = Tally(
             "gateway_events_delivered",
             "Data events written to SSE clients by this process.",
-            registry=registry,
         )
-        self.bytes_out = Counter(
+        self.bytes_out = Tally(
             "gateway_sse_bytes_out",
             "Bytes of SSE body written to clients (every frame: retry, events, "
             "heartbeats, terminal frames).",
-            registry=registry,
         )
         resumes = Counter(
             "gateway_sse_resumes",
@@ -115,12 +173,14 @@ class Metrics:
             "SSE responses ended by a graceful shutdown (drain).",
             registry=registry,
         )
-        self.lag = Histogram(
+        self.lag = LagBuckets(
             "gateway_sse_delivery_lag_seconds",
             "Per SSE write carrying events: write time minus the later of the newest "
             "event's publish time (its id's ms part) and the response's start.",
-            buckets=LAG_BUCKETS,
-            registry=registry,
+            LAG_BUCKETS,
+        )
+        registry.register(
+            _HotCollector([self.events_published, self.events_delivered, self.bytes_out, self.lag])
         )
         self.fenced_writes = Counter(
             "gateway_fenced_writes",
