@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -61,14 +62,22 @@ NODE_DIR = ROOT / "bench" / "resumable_stream"
 
 
 def node_ready() -> str:
-    """The node binary, after `npm ci` in NODE_DIR if its node_modules is missing."""
+    """The node binary, after `npm ci` in NODE_DIR unless its node_modules holds exactly
+    what the lockfile pins (npm writes its own copy of the lockfile there)."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         sys.exit("the resumable-stream server needs Node.js 20+ and npm on PATH")
     version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
     if int(version.stdout.strip().lstrip("v").split(".")[0]) < 20:
         sys.exit(f"the resumable-stream server needs Node.js 20+, found {version.stdout}")
-    if not (NODE_DIR / "node_modules").is_dir():
+    installed = NODE_DIR / "node_modules" / ".package-lock.json"
+    pinned = json.loads((NODE_DIR / "package-lock.json").read_text())["packages"]
+    if not installed.is_file() or {
+        path: meta.get("version") for path, meta in pinned.items() if path
+    } != {
+        path: meta.get("version")
+        for path, meta in json.loads(installed.read_text())["packages"].items()
+    }:
         print(f"npm ci in {NODE_DIR} ...", flush=True)
         done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR)
         if done.returncode != 0:
@@ -111,7 +120,7 @@ def command_calls(client: Any) -> int:
 
 
 def measure(
-    proc: Proc, redis: Any, followers: int, rate: float, seconds: float
+    proc: Proc, redis: Any, followers: int, rate: float, seconds: float, label: str = ""
 ) -> dict[str, float]:
     run_id = f"tok-{followers}-{time.monotonic_ns()}"
     # The run exists before the followers attach (the gateway answers 404 otherwise).
@@ -129,7 +138,7 @@ def measure(
     cpu, rcpu, calls = proc.cpu() - cpu0, redis_cpu(redis) - rcpu0, command_calls(redis) - calls0
     if result.events != sent * followers or result.finished != followers:
         print(
-            f"warning: {result.events} of {sent * followers} events delivered, "
+            f"warning{label}: {result.events} of {sent * followers} events delivered, "
             f"{result.finished} of {followers} followers got the end frame",
             file=sys.stderr,
         )
@@ -222,7 +231,7 @@ def main() -> None:
                     if stray and len(os.sched_getaffinity(0) | SERVER_CPU) > 1:
                         print(f"warning: {name} threads {stray} not pinned", file=sys.stderr)
                     if args.warmup > 0:  # Node's JIT warms up for about a second
-                        measure(proc, redis, followers, args.rate, args.warmup)
+                        measure(proc, redis, followers, args.rate, args.warmup, " (warm-up)")
                     row = measure(proc, redis, followers, args.rate, seconds)
                 print(
                     f"{name:<17}{followers:>10}{row['server_us_per_event']:>14.0f}"
