@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import anyio
 import httpx
 import pytest
+import redis
 
 from tests.http_server import ProducerClient, make_settings, serve
 from tests.redis_servers import RedisServer
@@ -21,6 +22,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 STALL = 6.0  # seconds Redis sleeps
 TIMEOUT = 1.0  # redis_command_timeout_seconds
+
+
+def wait_until_stalled(server: RedisServer) -> None:
+    """Until a PING goes unanswered: the DEBUG SLEEP has reached the server."""
+    deadline = time.monotonic() + STALL / 2
+    while time.monotonic() < deadline:
+        with server.client(socket_timeout=0.1) as probe:
+            try:
+                probe.ping()  # answered: not stalled yet (each try paces the loop)
+            except redis.exceptions.TimeoutError:
+                return
+    raise AssertionError("Redis never stalled")
 
 
 @contextmanager
@@ -33,7 +46,7 @@ def stalled(server: RedisServer) -> Iterator[None]:
 
     thread = threading.Thread(target=sleep, daemon=True)
     thread.start()
-    time.sleep(0.2)  # the DEBUG SLEEP has reached the server (nothing to await here)
+    wait_until_stalled(server)
     try:
         yield
     finally:

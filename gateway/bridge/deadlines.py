@@ -125,10 +125,11 @@ class CallDeadline:
 
     __slots__ = ("_cancelling", "_task", "bucket", "expired")
 
+    bucket: set[CallDeadline]  # the slot it is due in, set by `CallDeadlines.start`
+
     def __init__(self, task: asyncio.Task[object]) -> None:
         self._task = task
         self._cancelling = task.cancelling()
-        self.bucket: set[CallDeadline] = set()  # the slot it is due in (`Slots.add`)
         self.expired = False
 
     def __enter__(self) -> CallDeadline:

@@ -88,11 +88,12 @@ class LagBuckets:
     """A histogram of the hot path: one count per bucket and a sum, exported by
     `_HotCollector` with cumulative buckets, as prometheus_client's `Histogram` is."""
 
-    __slots__ = ("_bounds", "_counts", "_sum", "created", "doc", "name")
+    __slots__ = ("_bounds", "_counts", "_les", "_sum", "created", "doc", "name")
 
     def __init__(self, name: str, doc: str, bounds: Sequence[float]) -> None:
         self.name, self.doc = name, doc
         self._bounds = tuple(bounds)
+        self._les = [*map(floatToGoString, self._bounds), "+Inf"]  # the buckets' labels
         self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound
         self._sum = 0.0
         self.created = time.time()
@@ -102,11 +103,10 @@ class LagBuckets:
         self._sum += value
 
     def family(self) -> Metric:
-        les = [*map(floatToGoString, self._bounds), "+Inf"]
         family = HistogramMetricFamily(
             self.name,
             self.doc,
-            buckets=list(zip(les, accumulate(self._counts), strict=True)),
+            buckets=list(zip(self._les, accumulate(self._counts), strict=True)),
             sum_value=self._sum,
         )
         family.add_sample(self.name + "_created", {}, self.created)
