@@ -4,6 +4,8 @@ hanging: requests answer 503 and open streams end with an `unavailable` frame wi
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,10 +14,9 @@ from contextlib import contextmanager
 import anyio
 import httpx
 import pytest
-import redis
 
 from tests.http_server import ProducerClient, make_settings, serve
-from tests.redis_servers import RedisServer
+from tests.redis_servers import HOST, RedisServer
 from tests.sse_client import iter_frames
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -24,15 +25,16 @@ STALL = 6.0  # seconds Redis sleeps
 TIMEOUT = 1.0  # redis_command_timeout_seconds
 
 
-def wait_until_stalled(server: RedisServer) -> None:
-    """Until a PING goes unanswered: the DEBUG SLEEP has reached the server."""
+def wait_until_stalled(probe: socket.socket) -> None:
+    """Until a PING on `probe` (connected beforehand) goes unanswered for 0.1 s: the
+    DEBUG SLEEP has reached the server. A bare socket, so no client retries stretch
+    the wait into the stall."""
     deadline = time.monotonic() + STALL / 2
     while time.monotonic() < deadline:
-        with server.client(socket_timeout=0.1) as probe:
-            try:
-                probe.ping()  # answered: not stalled yet (each try paces the loop)
-            except redis.exceptions.TimeoutError:
-                return
+        probe.sendall(b"PING\r\n")
+        if not select.select([probe], [], [], 0.1)[0]:
+            return
+        assert probe.recv(64).startswith(b"+PONG"), "unexpected reply to PING"
     raise AssertionError("Redis never stalled")
 
 
@@ -40,13 +42,21 @@ def wait_until_stalled(server: RedisServer) -> None:
 def stalled(server: RedisServer) -> Iterator[None]:
     """Redis blocked in DEBUG SLEEP for STALL seconds (from a thread: it blocks)."""
 
+    sending = threading.Event()
+
     def sleep() -> None:
         with server.client(socket_timeout=STALL + 5) as raw:
+            raw.ping()  # connected: what follows goes straight out
+            sending.set()
             raw.execute_command("DEBUG", "SLEEP", str(STALL))
 
-    thread = threading.Thread(target=sleep, daemon=True)
-    thread.start()
-    wait_until_stalled(server)
+    with socket.create_connection((HOST, server.port), timeout=5) as probe:
+        thread = threading.Thread(target=sleep, daemon=True)
+        thread.start()
+        # A PING can miss its timeout on a loaded machine too: it counts only once the
+        # DEBUG SLEEP is on its way.
+        assert sending.wait(STALL / 2), "the DEBUG SLEEP was never sent"
+        wait_until_stalled(probe)
     try:
         yield
     finally:

@@ -253,6 +253,11 @@ def test_a_worker_that_dies_stops_the_others(
     server = start_server("--workers", "2", *redis_args(redis_url, key_prefix))
     server.wait_healthy()
     pids = wait_for(lambda: workers_of(server), 15, "two workers holding the listening socket")
+    # A worker holds the socket from its spawn; one still starting up would die of the
+    # SIGTERM (exit -15, see gateway.supervisor), so both must be serving first.
+    wait_for(
+        lambda: server.log().count("Application startup complete") >= 2, 20, "both workers serving"
+    )
     os.kill(pids[0], signal.SIGKILL)
     # the service manager sees the failure and restarts the whole set
     assert server.proc.wait(timeout=20) == 128 + signal.SIGKILL
