@@ -3,8 +3,10 @@
 The model (docs/protocol.md §3.3):
 
 - **API keys** (`Settings.api_keys`) grant everything: producer, operator and subscriber
-  routes. They are presented as `Authorization: Bearer <key>` only; a key in a URL
-  would end up in access logs and browser history. The presented key is compared with
+  routes. They are presented as `Authorization: Bearer <key>`, or as `X-Api-Key: <key>`
+  (what the LangGraph SDK's `api_key=` sends; the Authorization header wins when both
+  are present), never in a URL, where a key would end up in access logs and browser
+  history. The presented key is compared with
   every configured key in constant time (SHA-256 digests, `hmac.compare_digest`, no
   early exit), so neither the matching key's position nor a prefix length leaks.
 - **Subscriber tokens** are JWTs signed with `Settings.jwt_secret` (HS256, HS384 or
@@ -103,10 +105,18 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
-    """The credential of an `Authorization: Bearer ...` header; Unauthorized when garbled."""
+    """The credential of an `Authorization: Bearer ...` header, else of `X-Api-Key`.
+
+    Unauthorized when either is garbled (an empty `X-Api-Key` included).
+    """
     raw = _header(headers, "authorization")
     if raw is None:
-        return None
+        key = _header(headers, "x-api-key")
+        if key is None:
+            return None
+        if not key.strip():
+            raise Unauthorized("the X-Api-Key header is empty")
+        return key.strip()
     scheme, _, credential = raw.strip().partition(" ")
     credential = credential.strip()
     if scheme.lower() != "bearer" or not credential:
