@@ -62,7 +62,9 @@ async def test_langgraph_sdk_api_key_joins_a_run(gateway_server: RunningServer) 
             f"/v1/runs/{run_id}/events", json={"event": "values", "data": {"i": 1}}, headers=produce
         )
         assert posted.status_code == 200, posted.text
-        ended = await http.post(f"/v1/runs/{run_id}/end", json={"status": "success"}, headers=produce)
+        ended = await http.post(
+            f"/v1/runs/{run_id}/end", json={"status": "success"}, headers=produce
+        )
         assert ended.status_code == 200, ended.text
         refused = await http.get(f"/v1/runs/{run_id}", headers={"x-api-key": "wrong"})
         assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
