@@ -301,7 +301,9 @@ class Notifier:
                         if message is not None:
                             self._dispatch(listener, message)
             except (redis_errors.RedisError, OSError) as exc:
-                log.warning("change notifications from %s interrupted: %s", listener.node, exc)
+                # a standalone server's listener has no node name ("")
+                where = listener.node or "the Redis server"
+                log.warning("change notifications from %s interrupted: %s", where, exc)
             finally:
                 listener.pubsub = None
                 with anyio.CancelScope(shield=True):
