@@ -2,7 +2,7 @@
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run lint types test check bench
+.PHONY: bootstrap run lint types test test-fast check bench
 
 bootstrap:
 	scripts/bootstrap
@@ -18,6 +18,10 @@ types: bootstrap
 
 test: bootstrap
 	scripts/test $(PYTEST_ARGS)
+
+# The inner loop: everything but the slow end-to-end `system` tests (tests/conftest.py).
+test-fast: bootstrap
+	scripts/test -m "not system" $(PYTEST_ARGS)
 
 check: bootstrap lint types test
 

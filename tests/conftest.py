@@ -25,6 +25,34 @@ import pytest
 
 from tests.redis_servers import ExternalRedis, RedisCluster, RedisServer
 
+# The slow end-to-end modules: real browsers, proxies, worker processes, fault injection,
+# hostile clients, Node clients. `make test-fast` runs everything else (`-m "not system"`);
+# CI runs all. A test that needs the Redis Cluster is a system test wherever it lives.
+SYSTEM_MODULES = frozenset(
+    {
+        "test_chat_app.py",
+        "test_cluster_failover.py",
+        "test_cluster_notifications.py",
+        "test_console_browser.py",
+        "test_cors_browser.py",
+        "test_deploy.py",
+        "test_faults.py",
+        "test_hostile_clients.py",
+        "test_http2_browser.py",
+        "test_js_client.py",
+        "test_readme.py",
+        "test_redis_stall.py",
+        "test_schemathesis.py",
+        "test_workers.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SYSTEM_MODULES or item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.system)
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
