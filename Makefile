@@ -19,9 +19,10 @@ types: bootstrap
 test: bootstrap
 	scripts/test $(PYTEST_ARGS)
 
-# The inner loop: everything but the slow end-to-end `system` tests (tests/conftest.py).
+# The inner loop: everything but the slow end-to-end `system` tests (tests/conftest.py),
+# on 4 xdist workers (each starts its own redis-server; the tests mostly wait on I/O).
 test-fast: bootstrap
-	scripts/test -m "not system" $(PYTEST_ARGS)
+	scripts/test -m "not system" -n 4 $(PYTEST_ARGS)
 
 check: bootstrap lint types test
 

@@ -36,6 +36,7 @@ SYSTEM_MODULES = frozenset(
         "test_console_browser.py",
         "test_cors_browser.py",
         "test_deploy.py",
+        "test_eviction.py",
         "test_faults.py",
         "test_hostile_clients.py",
         "test_http2_browser.py",
@@ -43,6 +44,7 @@ SYSTEM_MODULES = frozenset(
         "test_readme.py",
         "test_redis_stall.py",
         "test_schemathesis.py",
+        "test_sse_clients.py",
         "test_workers.py",
     }
 )
