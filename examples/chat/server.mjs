@@ -163,6 +163,7 @@ async function chat(req, res) {
   };
   try {
     for await (const chunk of uiChunks(run.runId, fakeModel(prompt, { words: WORDS, delayMs: DELAY_MS }))) {
+      if (chunk.type === "error") throw new Error(chunk.errorText); // a model's error, as a chunk
       await run.publish(chunk);
       toBrowser(`data: ${JSON.stringify(chunk)}\n\n`);
     }
