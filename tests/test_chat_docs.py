@@ -35,6 +35,6 @@ def test_the_doc_quotes_the_app() -> None:
 def test_each_quoted_block_is_in_its_file(file: str, code: str) -> None:
     source = (ROOT / file).read_text()
     # A block quoted from inside a function keeps that function's indentation.
-    assert any(
-        textwrap.indent(code, " " * depth) in source for depth in range(0, 9, 2)
-    ), f"docs/client.md quotes {file}, but this block is not in it:\n{code}"
+    assert any(textwrap.indent(code, " " * depth) in source for depth in range(0, 9, 2)), (
+        f"docs/client.md quotes {file}, but this block is not in it:\n{code}"
+    )
