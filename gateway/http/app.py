@@ -46,6 +46,7 @@ from . import (
     session_feed,
     sessions_routes,
     subscriber,
+    ui_history,
     ui_stream,
 )
 from .auth import Authenticator
@@ -128,6 +129,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         *langgraph.routes,
         *sessions_routes.routes,
         *ui_stream.routes,
+        *ui_history.routes,
         *session_feed.routes,
         *ops.routes,
         Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
