@@ -148,9 +148,10 @@ async def publish_events(request: Request) -> Response:
         )
     else:
         result = await state.bridge.publish_many(run_id, encoded, producer_token=token)
-    if not result.duplicate:  # a retry's events were counted and recorded the first time
-        state.metrics.events_published.inc(len(result.ids))
-        await sessions_routes.record_events(request, result.session_id, run_id, events)
+    if result.appended:  # events applied before were counted and recorded the first time
+        state.metrics.events_published.inc(result.appended)
+        fresh = events[result.already_applied :] if result.already_applied else events
+        await sessions_routes.record_events(request, result.session_id, run_id, fresh)
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
 
 
