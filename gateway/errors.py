@@ -16,6 +16,8 @@ Exception
 │   │   ├── SequenceGap        it starts past the next expected number (`expected`)
 │   │   └── SequenceConflict   it overlaps applied events but is not the last batch
 │   ├── SessionActive          clear (retire=false) refused: a turn is still running
+│   ├── BodyIdle               a streamed append's body sent nothing for a whole lease
+│   ├── TooManyAppendStreams   more open streamed appends than one API key may hold
 │   ├── BridgeClosed           the bridge was closed
 │   ├── BackendUnavailable     Redis unreachable or failing
 │   ├── Unauthorized           missing or invalid credentials
@@ -108,6 +110,14 @@ class SequenceConflict(SequenceRefused):
 
 class SessionActive(GatewayError):
     code = "session_active"
+
+
+class BodyIdle(GatewayError):
+    code = "body_idle"
+
+
+class TooManyAppendStreams(GatewayError):
+    code = "too_many_streams"
 
 
 class BridgeClosed(GatewayError):

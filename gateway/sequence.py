@@ -1,24 +1,34 @@
 """Numbered appends: a producer that numbers its events can retry any write blindly.
 
 A producer may say that a batch's first event is its N-th event of the current lease
-epoch (1-based; the rest of the batch follows consecutively). The bridge then applies a
-batch only once:
+epoch (1-based; the rest of the batch follows consecutively). The bridge then applies
+each event only once:
 
 - N is the next expected number: the batch is appended;
-- N is the first number of the last applied batch, with the same length: it is a retry
-  after a lost reply, answered with the ids first assigned, and nothing is appended;
-- N is past the next expected number: `SequenceGap` (events in between never arrived);
-- any other overlap with applied events: `SequenceConflict` (not a retry of the last
-  batch: only that batch's ids are kept).
+- N is below it (a retry after a lost reply, or a streaming append resent from its
+  first unacknowledged line): the events already applied are answered with the ids
+  first assigned, and only the batch's tail from the next expected number on is
+  appended (nothing, when the whole batch was applied);
+- N is past the next expected number: `SequenceGap` (events in between never arrived).
 
-The state is bounded and lives with the run: the token the numbering belongs to (a
-takeover's new token starts a new numbering), the next expected number, and the first
-number and ids of the last applied batch. The Redis bridge keeps the same fields in the
-run's hash and decides in `lua/publish.lua`; the memory bridge uses `admit` below.
+No id list is stored: the ids of applied events are read back from the log itself. The
+state is four values kept with the run: the token the numbering belongs to (a takeover's
+new token starts a new numbering), the next expected number, the id of the newest
+numbered event, and the first number of the run of numbered events that ends there back
+to back in the log. An overlap is answered from the log when its events lie in that run,
+at most `MAX_LOOKBACK` entries back, and are still retained; otherwise (the events came
+before an unnumbered write, lie further back, or were trimmed or removed) it is refused
+with `SequenceConflict` and the next expected number, appending nothing: the producer
+resends from that number (its events before were applied; only their ids are unknown).
+
+The Redis bridge keeps the same fields in the run's hash and decides in
+`lua/publish.lua` with the same rule; the memory bridge calls `admit`, `applied_ids`
+and `advance` below.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -27,6 +37,9 @@ from .errors import InvalidInput, SequenceConflict, SequenceGap
 # Numbers stay exact in Lua (doubles) and in JSON readers up to here.
 MAX_SEQ: Final = 2**53 - 1
 HEADER: Final = "X-Producer-Seq"
+# How far back an overlap's ids are looked up: the largest default batch, so a blind
+# retry of any batch is answered; lua/publish.lua has the same number (LOOKBACK).
+MAX_LOOKBACK: Final = 1000
 
 
 def check_seq(seq: int, count: int) -> int:
@@ -59,27 +72,81 @@ class Numbering:
 
     token: str  # the lease it belongs to
     next: int  # the next expected number
-    first: int  # the first number of the last applied batch
-    ids: tuple[str, ...]  # the ids that batch was given
+    base: int  # events base..next-1 are the log's newest numbered entries, back to back
+    last_id: str  # the id of event next-1 (the entry the look-back starts from)
 
 
-def admit(numbering: Numbering | None, token: str, seq: int, count: int) -> tuple[str, ...] | None:
-    """None: append the batch. A tuple: a retry of the last batch; these are its ids.
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What to do with a numbered batch that `admit` let through."""
 
-    Raises SequenceGap / SequenceConflict (nothing may be appended).
+    skip: int  # its leading events already applied (0: append it all)
+    lookback: int  # log entries, counted back from `Numbering.last_id`, that hold them
+
+
+APPEND_ALL: Final = Admission(0, 0)
+
+
+def admit(numbering: Numbering | None, token: str, seq: int, count: int) -> Admission:
+    """The one decision on a numbered batch of `count` events starting at number `seq`.
+
+    Raises SequenceGap (it starts past the next expected number) or SequenceConflict
+    (it overlaps events whose ids are no longer known); nothing may be appended then.
     """
     current = numbering if numbering is not None and numbering.token == token else None
     expected = 1 if current is None else current.next
     if seq == expected:
-        return None
-    if seq > expected:
+        return APPEND_ALL
+    if seq > expected or current is None:
         raise SequenceGap(
             f"batch starts at event {seq}, but the next expected is {expected}", expected
         )
-    if current is not None and seq == current.first and count == len(current.ids):
-        return current.ids
-    raise SequenceConflict(
-        f"batch {seq}..{seq + count - 1} overlaps applied events and is not the last applied "
-        f"batch (the next expected is {expected})",
+    lookback = expected - seq
+    if seq < current.base or lookback > MAX_LOOKBACK:
+        raise sequence_conflict(seq, expected)
+    return Admission(min(count, lookback), lookback)
+
+
+def applied_ids(
+    admission: Admission, newest_first: Sequence[str], numbering: Numbering, seq: int
+) -> tuple[str, ...]:
+    """The first-assigned ids of the batch's already-applied events.
+
+    `newest_first` are the ids of (at most) `admission.lookback` log entries, newest
+    first, from `numbering.last_id` back. Fewer, or a different newest one, means the log
+    lost them (trimmed or removed): SequenceConflict.
+    """
+    if len(newest_first) < admission.lookback or newest_first[0] != numbering.last_id:
+        raise sequence_conflict(seq, numbering.next)
+    oldest_first = newest_first[admission.lookback - 1 :: -1]
+    return tuple(oldest_first[: admission.skip])
+
+
+def advance(
+    numbering: Numbering | None,
+    token: str,
+    first_new: int,
+    new_ids: Sequence[str],
+    previous_last_id: str | None,
+) -> Numbering:
+    """The numbering after appending `new_ids` as numbers `first_new`, `first_new + 1`, …
+
+    `previous_last_id` is the run's newest event id before this append: when it is the
+    last numbered one, the numbered run goes on; otherwise (an unnumbered write came in
+    between, or this is the token's first numbered write) a new one starts here.
+    """
+    contiguous = (
+        numbering is not None and numbering.token == token and previous_last_id == numbering.last_id
+    )
+    base = numbering.base if contiguous and numbering is not None else first_new
+    return Numbering(token, first_new + len(new_ids), base, new_ids[-1])
+
+
+def sequence_conflict(seq: int, expected: int) -> SequenceConflict:
+    """The refusal of an overlap whose applied events' ids are no longer known."""
+    return SequenceConflict(
+        f"batch starts at event {seq}, which was applied but whose id is no longer known "
+        f"(more than {MAX_LOOKBACK} events back, before an unnumbered write, or trimmed); "
+        f"the next expected is {expected}",
         expected,
     )

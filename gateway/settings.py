@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(1_048_576, ge=64, description="Largest encoded event payload.")
     max_body_bytes: int = Field(4_194_304, ge=64, description="Largest request body.")
     max_batch_events: int = Field(1_000, ge=1, description="Most events in one batch.")
+    max_append_streams_per_key: int = Field(
+        256, ge=1, description="Open streamed appends (ndjson bodies) per API key, 429 beyond."
+    )
 
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
 

@@ -134,9 +134,19 @@ class PublishResult:
     ids: tuple[str, ...]
     cancel_requested: bool
     session_id: str | None = None  # the run's session, so callers can update its turn
-    # A numbered batch that had been applied before (a retry): `ids` are the ids first
-    # assigned and nothing was appended, so callers must not count or record it again.
-    duplicate: bool = False
+    # A numbered batch's leading events that had been applied before (a retry, a resent
+    # streaming append): `ids` starts with the ids first assigned to them, and they were
+    # not appended again, so callers must not count or record them again.
+    already_applied: int = 0
+
+    @property
+    def duplicate(self) -> bool:
+        """Nothing was appended: the whole batch had been applied before."""
+        return self.already_applied == len(self.ids)
+
+    @property
+    def appended(self) -> int:
+        return len(self.ids) - self.already_applied
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,11 @@
 -- stream, so readers can always tell what they missed.
 --
 -- Returns {"ok", cancel_requested (0|1), session_id_or_"", id, id, ...}
---       | {"duplicate", cancel_requested (0|1), session_id_or_"", "id id ..."}
+--       | {"overlap", cancel_requested (0|1), session_id_or_"", skipped, id, id, ...}
+--         (a numbered batch whose first `skipped` events were applied before: their
+--         first-assigned ids, then the ids of the tail appended now)
+--       | {"duplicate", cancel_requested (0|1), session_id_or_"", id, id, ...}
+--         (every event of the numbered batch was applied before: nothing appended)
 --       | {"sequence_gap" | "sequence_conflict", next_expected_seq}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
@@ -60,27 +64,47 @@ if tonumber(meta[2] or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 
--- Numbered appends, the last check before writing. The numbering belongs to one token
--- (a takeover starts a new one): seq_tok, seq_next (next expected number), seq_first and
--- seq_ids (the first number and the ids of the last applied batch). A retry of that
--- batch gets its ids back and appends nothing; a batch past seq_next is a gap; any other
--- overlap is a conflict.
+-- Numbered appends, the last check before writing: the rule of gateway/sequence.py. The
+-- numbering belongs to one token (a takeover starts a new one): seq_tok, seq_next (next
+-- expected number), seq_last (id of event seq_next-1) and seq_base (events seq_base ..
+-- seq_next-1 are the log's newest numbered entries, back to back). A batch below seq_next
+-- has its applied events' ids read back from the log (XREVRANGE from seq_last, at most
+-- LOOKBACK entries) and appends only its tail; a batch past seq_next is a gap; an overlap
+-- whose ids are not in the log any more is a conflict.
+local LOOKBACK = 1000  -- gateway.sequence.MAX_LOOKBACK
 local batch_seq = tonumber(ARGV[6])
 local count = (#ARGV - 6) / 2
+local skip = 0
+local applied = {}
+local s = nil
 if batch_seq then
-  local s = redis.call('HMGET', KEYS[1], 'seq_tok', 'seq_next', 'seq_first', 'seq_ids')
+  s = redis.call('HMGET', KEYS[1], 'seq_tok', 'seq_next', 'seq_last', 'seq_base')
   local mine = s[1] == ARGV[1]
   local expected = mine and tonumber(s[2]) or 1
   if batch_seq > expected then
     return {'sequence_gap', expected}
   end
   if batch_seq < expected then
-    if mine and batch_seq == tonumber(s[3]) and batch_seq + count == expected then
-      -- A retry: nothing is appended; like any publish it renews the lease.
-      redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', now + tonumber(meta[5])))
-      return {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or '', s[4]}
+    local lookback = expected - batch_seq
+    if batch_seq < tonumber(s[4]) or lookback > LOOKBACK then
+      return {'sequence_conflict', expected}
     end
-    return {'sequence_conflict', expected}
+    local back = redis.call('XREVRANGE', KEYS[2], s[3], '-', 'COUNT', lookback)
+    if #back < lookback or back[1][1] ~= s[3] then
+      return {'sequence_conflict', expected}
+    end
+    skip = math.min(count, lookback)
+    for i = lookback, lookback - skip + 1, -1 do
+      applied[#applied + 1] = back[i][1]
+    end
+    if skip == count then
+      -- All applied before: nothing is appended; like any publish it renews the lease.
+      redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', now + tonumber(meta[5])))
+      local dup = {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or ''}
+      for i = 1, #applied do dup[#dup + 1] = applied[i] end
+      return dup
+    end
+    count = count - skip
   end
 end
 
@@ -101,7 +125,7 @@ end
 local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
 local push = {}
 local push_bytes = 0
-for i = 7, #ARGV, 2 do
+for i = 7 + 2 * skip, #ARGV, 2 do
   local id = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
   next_id = '*'
   reply[#reply + 1] = id
@@ -113,9 +137,20 @@ end
 local last = reply[#reply]
 
 if batch_seq then
+  -- The numbered run goes on while nothing else was appended since its newest event.
+  local first_new = batch_seq + skip
+  local base = first_new
+  if s[1] == ARGV[1] and meta[7] == s[3] then base = tonumber(s[4]) end
   redis.call('HSET', KEYS[1], 'seq_tok', ARGV[1],
-    'seq_next', string.format('%d', batch_seq + count),
-    'seq_first', ARGV[6], 'seq_ids', table.concat(reply, ' ', 4))
+    'seq_next', string.format('%d', first_new + count),
+    'seq_last', last, 'seq_base', string.format('%d', base))
+  if skip > 0 then
+    -- The reply lists every event of the batch: first-assigned ids, then the new ones.
+    local full = {'overlap', reply[2], reply[3], skip}
+    for i = 1, skip do full[#full + 1] = applied[i] end
+    for i = 4, #reply do full[#full + 1] = reply[i] end
+    reply = full
+  end
 end
 
 local maxlen = tonumber(ARGV[2])

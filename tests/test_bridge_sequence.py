@@ -1,8 +1,9 @@
 """Numbered appends (`publish_many(..., seq=N)`), a contract of both bridges.
 
-A producer that numbers its batches can re-send any of them blindly: the retry of the
-last applied batch returns the ids first assigned and appends nothing, a batch past the
-next expected number is refused as a gap, and a takeover starts a new numbering. Run on
+A producer that numbers its batches can re-send any of them blindly: events applied
+before are answered with the ids first assigned and not appended again (a batch that
+reaches past them appends only its new tail), a batch past the next expected number is
+refused as a gap, and a takeover starts a new numbering. Run on
 memory and Redis (the `bridge`/`make_bridge` fixtures of tests/conftest.py); on Redis the
 lost reply is lost on the wire, by a TCP relay that cuts the connection after Redis ran
 the script.
@@ -28,7 +29,7 @@ from gateway.errors import (
     SequenceGap,
     StreamEnded,
 )
-from gateway.sequence import MAX_SEQ
+from gateway.sequence import MAX_LOOKBACK, MAX_SEQ
 from gateway.values import End, PublishResult, StreamEvent
 from tests.conftest import BridgeFactory
 from tests.fault_relay import FaultRelay
@@ -189,17 +190,82 @@ async def test_a_batch_past_the_next_number_is_a_gap_with_the_expected_number(
     assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3, 4]
 
 
-async def test_an_overlap_that_is_not_the_last_batch_is_a_conflict(bridge: StreamBridge) -> None:
+async def test_an_overlapping_batch_appends_only_its_new_tail(bridge: StreamBridge) -> None:
+    """PROTOCOL 3.1: a batch starting below the next expected number but reaching past
+    it appends only its events from that number on; its reply lists every event's id,
+    the first-assigned ones for those applied before."""
     run_id = new_run_id()
     tok = (await bridge.claim(run_id, lease_seconds=30)).token
-    await bridge.publish_many(run_id, batch(1, 2), producer_token=tok, seq=1)
-    await bridge.publish_many(run_id, batch(3, 4), producer_token=tok, seq=3)
-    for seq, numbers in ((1, (1, 2)), (3, (3,)), (4, (4, 5)), (2, (2, 3, 4))):
+    one = await bridge.publish_many(run_id, batch(1, 2), producer_token=tok, seq=1)
+    two = await bridge.publish_many(run_id, batch(3, 4), producer_token=tok, seq=3)
+    over = await bridge.publish_many(run_id, batch(2, 3, 4, 5, 6), producer_token=tok, seq=2)
+    assert over.already_applied == 3 and over.appended == 2 and not over.duplicate
+    assert over.ids[:3] == (one.ids[1], *two.ids)
+    # Any earlier batch, not only the last one, is answered with its first ids.
+    for seq, numbers, ids in ((1, (1, 2), one.ids), (3, (3,), two.ids[:1]), (2, (2, 3), None)):
+        again = await bridge.publish_many(run_id, batch(*numbers), producer_token=tok, seq=seq)
+        assert again.duplicate and again.already_applied == len(numbers)
+        if ids is not None:
+            assert again.ids == ids
+    tail = await bridge.publish_many(run_id, batch(6, 7), producer_token=tok, seq=6)
+    assert tail.ids[0] == over.ids[-1] and tail.already_applied == 1
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    log = await logged(bridge, run_id)
+    assert [n for _, n in log] == [1, 2, 3, 4, 5, 6, 7]
+    assert [i for i, _ in log] == [*one.ids, *two.ids, *over.ids[3:], tail.ids[1]]
+
+
+async def test_an_overlap_is_answered_up_to_the_look_back_limit(bridge: StreamBridge) -> None:
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    total = MAX_LOOKBACK + 1
+    first = await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    rest = await bridge.publish_many(run_id, batch(*range(2, total + 1)), producer_token=tok, seq=2)
+    # Event 2 is MAX_LOOKBACK events back: still answered.
+    again = await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
+    assert again.duplicate and again.ids == rest.ids[:1]
+    # Event 1 is one further: refused with the next expected number, nothing appended.
+    with pytest.raises(SequenceConflict) as refused:
+        await bridge.publish_many(run_id, batch(1, 2), producer_token=tok, seq=1)
+    assert refused.value.expected == total + 1 and refused.value.code == "sequence_conflict"
+    assert first.ids
+    info = await bridge.get_run(run_id)
+    assert info is not None and info.retained_events == total
+
+
+async def test_an_overlap_across_an_unnumbered_write_is_a_conflict(bridge: StreamBridge) -> None:
+    """The ids of numbered events are read back from the log; an unnumbered write between
+    them ends the run of numbered entries that can be counted back."""
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=30)).token
+    await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
+    await bridge.publish(run_id, "tok", {"n": 100}, producer_token=tok)
+    two = await bridge.publish_many(run_id, batch(2, 3), producer_token=tok, seq=2)
+    assert (
+        await bridge.publish_many(run_id, batch(2, 3), producer_token=tok, seq=2)
+    ).ids == two.ids
+    for seq, numbers in ((1, (1,)), (1, (1, 2, 3, 4))):
         with pytest.raises(SequenceConflict) as refused:
             await bridge.publish_many(run_id, batch(*numbers), producer_token=tok, seq=seq)
-        assert refused.value.expected == 5
-    info = await bridge.get_run(run_id)
-    assert info is not None and info.retained_events == 4
+        assert refused.value.expected == 4
+    await bridge.publish_end(run_id, "success", producer_token=tok)
+    assert [n for _, n in await logged(bridge, run_id)] == [1, 100, 2, 3]
+
+
+async def test_an_overlap_into_trimmed_events_is_a_conflict(make_bridge: BridgeFactory) -> None:
+    async with make_bridge(max_events_per_run=3) as bridge:
+        run_id = new_run_id()
+        tok = (await bridge.claim(run_id, lease_seconds=30)).token
+        for n in range(1, 6):
+            await bridge.publish_many(run_id, batch(n), producer_token=tok, seq=n)
+        retained = await bridge.publish_many(run_id, batch(3, 4, 5), producer_token=tok, seq=3)
+        assert retained.duplicate
+        with pytest.raises(SequenceConflict) as refused:
+            await bridge.publish_many(run_id, batch(2, 3, 4, 5, 6), producer_token=tok, seq=2)
+        assert refused.value.expected == 6
+        await bridge.publish_many(run_id, batch(6), producer_token=tok, seq=6)
+        await bridge.publish_end(run_id, "success", producer_token=tok)
+        assert [n for _, n in await logged(bridge, run_id)] == [4, 5, 6]
 
 
 async def test_takeover_starts_a_new_numbering(bridge: StreamBridge) -> None:
@@ -229,8 +295,9 @@ async def test_unnumbered_writes_leave_the_numbering_alone(bridge: StreamBridge)
     await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
     await bridge.publish(run_id, "tok", {"n": 100}, producer_token=tok)
     await bridge.publish_many(run_id, batch(101, 102), producer_token=tok)
-    dup = await bridge.publish_many(run_id, batch(1), producer_token=tok, seq=1)
-    assert dup.duplicate
+    with pytest.raises(SequenceGap) as gap:
+        await bridge.publish_many(run_id, batch(3), producer_token=tok, seq=3)
+    assert gap.value.expected == 2
     await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
     await bridge.publish_end(run_id, "success", producer_token=tok)
     assert [n for _, n in await logged(bridge, run_id)] == [1, 100, 101, 102, 2]
@@ -255,8 +322,8 @@ async def test_numbered_writes_after_end_are_ended_and_bad_numbers_are_invalid(
 async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
     make_bridge: BridgeFactory, redis_url: str
 ) -> None:
-    """No key per event or per batch: after many numbered batches the run still has its
-    two keys, and the hash holds only the last batch's ids."""
+    """No key per event or per batch, no id list: after many numbered batches the run
+    still has its two keys, and the hash holds four numbering fields."""
     if make_bridge.backend != "redis":
         pytest.skip("Redis layout")
     from redis.asyncio import Redis
@@ -275,8 +342,11 @@ async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
         keys = sorted(k.decode() for k in await client.keys(f"{make_bridge.key_prefix}*"))
         tag = f"{make_bridge.key_prefix}{{{run_id}}}"
         assert keys == [f"{tag}:log", f"{tag}:meta"]
-        fields = await client.hmget(f"{tag}:meta", ["seq_tok", "seq_next", "seq_first", "seq_ids"])
+        names = ["seq_tok", "seq_next", "seq_last", "seq_base"]
+        fields = await client.hmget(f"{tag}:meta", names)
         assert fields[0] == tok.encode() and int(fields[1]) == seq
-        assert int(fields[2]) == seq - 5 and fields[3].decode().split(" ") == list(last.ids)
+        assert fields[2].decode() == last.ids[-1] and int(fields[3]) == 1
+        seq_fields = [f for f in await client.hkeys(f"{tag}:meta") if f.startswith(b"seq_")]
+        assert sorted(seq_fields) == sorted(n.encode() for n in names)
     finally:
         await client.aclose()

@@ -46,7 +46,7 @@ async def test_numbered_batches_apply_once_and_retries_get_the_first_ids(
     assert [t["text"] for t in turns] == ["Hello, world"]
 
 
-async def test_gap_and_conflict_are_409_with_the_expected_number(
+async def test_gap_and_unknown_overlap_are_409_and_an_overlap_appends_its_tail(
     client: httpx.AsyncClient,
 ) -> None:
     producer = await ProducerClient.claim(client)
@@ -55,13 +55,25 @@ async def test_gap_and_conflict_are_409_with_the_expected_number(
     body = gap.json()
     assert body["error"] == "sequence_gap" and body["expected_seq"] == 1 and body["detail"]
     assert (await post(client, producer, 1, tokens("a", "b"))).status_code == 200
-    assert (await post(client, producer, 3, tokens("c"))).status_code == 200
-    conflict = await post(client, producer, 1, tokens("a", "b"))
+    third = await post(client, producer, 3, tokens("c"))
+    assert third.status_code == 200
+    # An overlap reaching past the next number (3.1): only "d" is appended; the reply
+    # lists every event's id, the first-assigned one for "c".
+    overlap = await post(client, producer, 3, tokens("c", "d"))
+    assert overlap.status_code == 200, overlap.text
+    ids = overlap.json()["ids"]
+    assert len(ids) == 2 and ids[0] == third.json()["ids"][0]
+    # An overlap reaching back across an unnumbered write: its ids are not known, a 409.
+    unnumbered = {"X-Producer-Token": producer.token}
+    path = f"/v1/runs/{producer.run_id}/events"
+    assert (await client.post(path, json=tokens("x"), headers=unnumbered)).status_code == 200
+    assert (await post(client, producer, 5, tokens("e"))).status_code == 200
+    conflict = await post(client, producer, 4, tokens("d", "e"))
     assert conflict.status_code == 409
     assert conflict.json()["error"] == "sequence_conflict"
-    assert conflict.json()["expected_seq"] == 4
+    assert conflict.json()["expected_seq"] == 6
     run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
-    assert run["retained_events"] == 3
+    assert run["retained_events"] == 6
 
 
 @pytest.mark.parametrize(

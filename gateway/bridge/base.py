@@ -63,9 +63,10 @@ class StreamBridge(Protocol):
         """Append a batch atomically in one round trip. Raises ProducerFenced, StreamEnded.
 
         `seq` numbers the batch (its first event is the producer's `seq`-th of this lease
-        epoch, see `gateway.sequence`): a retry of the last applied batch returns the ids
-        first assigned with `duplicate=True` and appends nothing. Raises SequenceGap when
-        `seq` is past the next expected number, SequenceConflict on any other overlap.
+        epoch, see `gateway.sequence`): events applied before are not appended again;
+        `ids` lists every event's id (first-assigned ones for those, counted in
+        `already_applied`). Raises SequenceGap when `seq` is past the next expected
+        number, SequenceConflict when applied events' ids are no longer known.
         """
         ...
 

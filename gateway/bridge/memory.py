@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from ..cursor import EventKey, format_key
+from ..cursor import EventKey, format_key, key_of
 from ..errors import (
     BridgeClosed,
     InvalidInput,
@@ -42,7 +42,7 @@ from ..errors import (
     StreamEnded,
 )
 from ..names import check_end_status, check_run_id, check_session_id
-from ..sequence import Numbering, admit, check_seq
+from ..sequence import Numbering, admit, advance, applied_ids, check_seq
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -226,11 +226,22 @@ class MemoryStreamBridge:
         encoded = rules.encode_batch(events)
         run = self._owned(run_id, token)  # (the END check is on the tail only: O(1))
         # -- numbered appends: the last check before writing, as in lua/publish.lua
+        applied: tuple[str, ...] = ()
+        previous_last = None if run.last_event is None else format_key(run.last_event)
         if seq is not None:
-            repeat = admit(run.numbering, token, seq, len(encoded))
-            if repeat is not None:  # a retry: its ids, nothing appended; the lease renewed
+            admission = admit(run.numbering, token, seq, len(encoded))
+            if admission.skip:
+                assert run.numbering is not None  # admit lets an overlap through only then
+                applied = applied_ids(
+                    admission,
+                    self._ids_back(run, run.numbering.last_id, admission.lookback),
+                    run.numbering,
+                    seq,
+                )
+                encoded = encoded[admission.skip :]
+            if not encoded:  # all applied before: their ids, nothing appended; lease renewed
                 run.lease_expires_at = self._clock() + run.lease_seconds
-                return PublishResult(repeat, run.cancel_requested, run.session_id, True)
+                return PublishResult(applied, run.cancel_requested, run.session_id, len(applied))
         # --
         ids: list[str] = []
         gen = run.gen if run.gen is not None else self._new_generation(run)
@@ -243,12 +254,27 @@ class MemoryStreamBridge:
         self._evict(gen)
         gen.pacer.appended_now()
         if seq is not None:
-            run.numbering = Numbering(token, seq + len(ids), seq, tuple(ids))
+            run.numbering = advance(run.numbering, token, seq + len(applied), ids, previous_last)
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
         self._touch(run, self._settings.stream_ttl_seconds)
-        return PublishResult(tuple(ids), run.cancel_requested, run.session_id)
+        return PublishResult((*applied, *ids), run.cancel_requested, run.session_id, len(applied))
+
+    def _ids_back(self, run: _Run, last_id: str, count: int) -> list[str]:
+        """Ids of up to `count` retained events from `last_id` back, newest first
+        (XREVRANGE last_id - COUNT count, as lua/publish.lua reads them)."""
+        gen = run.gen
+        if gen is None or gen.retired:
+            return []
+        stop = bisect_right(gen.keys, key_of(last_id))
+        found: list[str] = []
+        for index in range(stop - 1, gen.head - 1, -1):
+            event = gen.events[index]
+            if event is None or len(found) == count:
+                break
+            found.append(event.id)
+        return found
 
     async def publish_end(
         self,

@@ -37,13 +37,12 @@ from ..errors import (
     InvalidInput,
     ProducerFenced,
     RunOwned,
-    SequenceConflict,
     SequenceGap,
     SessionMismatch,
     StreamEnded,
 )
 from ..names import check_end_status, check_run_id, check_session_id
-from ..sequence import check_seq
+from ..sequence import check_seq, sequence_conflict
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -451,12 +450,14 @@ class RedisStreamBridge:
             )
         self._raise_refusal(run_id, reply)
         # -- numbered appends (see gateway.sequence)
-        if outcome == "duplicate":
+        if outcome == "overlap" or outcome == "duplicate":
+            start = 4 if outcome == "overlap" else 3
+            ids = tuple([as_text(entry_id) for entry_id in reply[start:]])
             return PublishResult(
-                ids=tuple(as_text(reply[3]).split(" ")),
+                ids=ids,
                 cancel_requested=reply[1] == 1,
                 session_id=as_text(reply[2]) or None,
-                duplicate=True,
+                already_applied=int(reply[3]) if outcome == "overlap" else len(ids),
             )
         if outcome == "sequence_gap":
             expected = int(reply[1])
@@ -465,11 +466,7 @@ class RedisStreamBridge:
             )
         if outcome == "sequence_conflict":
             expected = int(reply[1])
-            raise SequenceConflict(
-                f"batch starting at event {seq} overlaps applied events and is not the last "
-                f"applied batch (the next expected is {expected})",
-                expected,
-            )
+            raise sequence_conflict(seq or 0, expected)
         # --
         raise AssertionError(f"publish.lua replied {outcome!r}")
 

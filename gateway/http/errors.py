@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from ..errors import (
     BackendUnavailable,
+    BodyIdle,
     BridgeClosed,
     Forbidden,
     GatewayError,
@@ -37,6 +38,7 @@ from ..errors import (
     SessionActive,
     SessionMismatch,
     StreamEnded,
+    TooManyAppendStreams,
     Unauthorized,
 )
 from .observe import ErrorSignal, note_error, note_http_error
@@ -102,6 +104,8 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
         SessionActive: ErrorRule(409),
         SessionMismatch: ErrorRule(409),
         SequenceRefused: ErrorRule(409),  # sequence_gap / sequence_conflict, expected_seq
+        BodyIdle: ErrorRule(408),  # only ever an error line of a streamed append
+        TooManyAppendStreams: ErrorRule(429, _RETRY_LATER),
         BridgeClosed: ErrorRule(503, _RETRY_LATER),
         BackendUnavailable: ErrorRule(503, _RETRY_LATER, signal="backend_unavailable"),
         Unauthorized: ErrorRule(401, MappingProxyType({"WWW-Authenticate": "Bearer"})),

@@ -22,11 +22,13 @@ from ..sequence import HEADER as SEQ_HEADER
 from ..sequence import parse_seq_header
 from ..values import RawJSON, encode_json
 from . import access, sessions_routes
+from .append_stream import AppendStreamResponse, is_streamed
 from .bodies import (
     opt_bool,
     opt_object,
     opt_seconds,
     opt_str,
+    parse_json_object,
     read_json_object,
     reject_unknown,
     req_str,
@@ -131,11 +133,29 @@ def encode_events(events: list[tuple[str, Any]], limit: int) -> list[tuple[str, 
     return encoded
 
 
+def parse_line(line: bytes, state: GatewayState) -> tuple[str, Any, Any]:
+    """One line of a streamed append: (name, encoded payload, decoded data), checked as an
+    event of a batch is (`append_stream.py`)."""
+    name, data = _one_event(parse_json_object(line, "the line"), "the line")
+    [(_, payload)] = encode_events([(name, data)], state.settings.max_event_bytes)
+    return name, payload, data
+
+
 async def publish_events(request: Request) -> Response:
     access.producer(request)
     state = gateway_state(request)
     run_id = _run_id(request)
     token = producer_token(request)
+    if is_streamed(request):  # one request for a whole turn (PROTOCOL 3.3)
+        seq = parse_seq_header(request.headers.get(SEQ_HEADER))
+        return AppendStreamResponse(
+            request=request,
+            state=state,
+            run_id=run_id,
+            token=token,
+            seq=seq,
+            parse=lambda line: parse_line(line, state),
+        )
     body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
     events = parse_events(body, state)
     encoded = encode_events(events, state.settings.max_event_bytes)
@@ -148,9 +168,10 @@ async def publish_events(request: Request) -> Response:
         )
     else:
         result = await state.bridge.publish_many(run_id, encoded, producer_token=token)
-    if not result.duplicate:  # a retry's events were counted and recorded the first time
-        state.metrics.events_published.inc(len(result.ids))
-        await sessions_routes.record_events(request, result.session_id, run_id, events)
+    if result.appended:  # events applied before were counted and recorded the first time
+        state.metrics.events_published.inc(result.appended)
+        fresh = events[result.already_applied :] if result.already_applied else events
+        await sessions_routes.record_events(request, result.session_id, run_id, fresh)
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
 
 

@@ -24,6 +24,8 @@ class GatewayState:
     bridge_: StreamBridge | None = None
     sessions_: SessionStore | None = None
     started: bool = field(default=False)
+    # open streamed appends per API key (a digest of it), http/append_stream.py
+    append_streams: dict[bytes, int] = field(default_factory=dict)
 
     @property
     def bridge(self) -> StreamBridge:

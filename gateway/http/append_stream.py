@@ -1,0 +1,395 @@
+"""Streamed appends (PROTOCOL 3.3): one `POST …/events` with an `application/x-ndjson`
+body for a whole turn, one event a line, acknowledged as it goes.
+
+Three tasks share the request, in one task group:
+
+- the **reader** takes body chunks as they arrive, splits them into lines and checks
+  each one as a batch's event is checked (`producer.parse_line`: JSON, name, size); the
+  lines go into a bounded channel (`max_batch_events` lines), so a slow backend stops
+  the reader and TCP backpressure reaches the producer;
+- the **appender** takes every line waiting in that channel (up to `max_batch_events`)
+  and appends them in one `publish_many` call: lines that arrive while an append is in
+  flight go into the next one (group commit), and a lone line is appended at once (no
+  linger timer);
+- the **writer** sends one ack line per append, `{"ids", "next_seq"?, "cancel_requested"}`,
+  joining the acks waiting into one write. The acks wait in a bounded channel, so a client
+  that stops reading them stops the appender, then the reader (nothing is buffered without
+  bound); a write pending for the send timeout drops the client.
+
+The response ends with `{"done": true, "count", "last_id"}` when the body ends, or with
+one error line `{"error", "detail", "applied", "next_seq"?}`: every line before the one
+that failed was appended, that one and every later one were not. Numbered streams
+(`X-Producer-Seq` numbers the first line) get 3.1's rules per append, so a producer that
+reconnects and resends from its first unacknowledged number duplicates nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import orjson
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from ..errors import (
+    BodyIdle,
+    GatewayError,
+    PayloadTooLarge,
+    SequenceRefused,
+    TooManyAppendStreams,
+)
+from . import sessions_routes
+from .errors import HttpError, gateway_error_response, public_detail
+from .state import GatewayState
+
+MEDIA_TYPE: Final = "application/x-ndjson"
+HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
+    (b"content-type", MEDIA_TYPE.encode()),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),  # nginx: pass each ack on as it is written
+)
+# A line holds the payload plus its envelope (`{"event": <≤64 chars>, "data": …}`): room
+# for that envelope and some whitespace on top of the payload limit.
+LINE_ENVELOPE_BYTES: Final = 4096
+ACKS_WAITING: Final = 16  # acks written-but-unsent before the appender waits for the writer
+
+
+@dataclass(slots=True)
+class _Line:
+    name: str
+    payload: Any  # values.RawJSON, encoded once
+    data: Any  # the decoded value, for the session's turn record
+
+
+@dataclass(slots=True)
+class _Failed:
+    error: GatewayError | HttpError
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What this request has acknowledged (the `done` and error lines report it)."""
+
+    count: int = 0
+    last_id: str | None = None
+    next_seq: int | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+def stream_key(request: Request) -> bytes:
+    """Whose limit an open stream counts against: a digest of the credential (the route
+    authorised it already), so the table never holds a key itself."""
+    credential = request.headers.get("authorization", "")
+    return hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
+
+
+@contextlib.contextmanager
+def stream_slot(state: GatewayState, key: bytes) -> Iterator[None]:
+    """One of the key's `max_append_streams_per_key` slots, held while the stream is open."""
+    open_now = state.append_streams.get(key, 0)
+    limit = state.settings.max_append_streams_per_key
+    if open_now >= limit:
+        raise TooManyAppendStreams(
+            f"at most {limit} streamed appends may be open per API key; end one or send batches"
+        )
+    state.append_streams[key] = open_now + 1
+    try:
+        yield
+    finally:
+        left = state.append_streams[key] - 1
+        if left:
+            state.append_streams[key] = left
+        else:
+            del state.append_streams[key]
+
+
+class AppendStreamResponse(Response):
+    """The ASGI response of a streamed append (a `Response` only for routing).
+
+    It starts with the checks that can still answer with a plain 4xx (the per-key limit,
+    the token and lease, renewed here to learn the lease's length), then streams.
+    """
+
+    def __init__(
+        self,
+        *,
+        request: Request,
+        state: GatewayState,
+        run_id: str,
+        token: str,
+        seq: int | None,
+        parse: Callable[[bytes], tuple[str, Any, Any]],
+    ) -> None:
+        self.status_code = 200
+        self._parse = parse  # one line → (name, encoded payload, data), or a 4xx error
+        self._keepalive = False  # a blank line came since the lease was last renewed
+        self.background = None
+        self._request = request
+        self._state = state
+        self._run_id = run_id
+        self._token = token
+        self._tally = _Tally(next_seq=seq)
+        settings = state.settings
+        self._line_limit = settings.max_event_bytes + LINE_ENVELOPE_BYTES
+        self._group_limit = settings.max_batch_events
+        self._send_timeout = settings.sse_send_timeout_seconds
+        self._idle = settings.lease_seconds
+        self._last_write = time.monotonic()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self._state
+        try:
+            with stream_slot(state, stream_key(self._request)):
+                try:
+                    lease = await state.bridge.renew_lease(self._run_id, producer_token=self._token)
+                except GatewayError as exc:  # fenced, ended: a plain 409, nothing streamed
+                    await gateway_error_response(exc)(scope, receive, send)
+                    return
+                # The body may stay silent for as long as the lease it would keep alive.
+                self._idle = max(1.0, lease.lease_expires_at - time.time())
+                self._last_write = time.monotonic()
+                start = {"type": "http.response.start", "status": 200, "headers": list(HEADERS)}
+                await send(start)
+                await self._stream(receive, send)
+        except TooManyAppendStreams as exc:
+            await gateway_error_response(exc)(scope, receive, send)
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        lines_in, lines_out = anyio.create_memory_object_stream[_Line | _Failed | None](
+            self._group_limit
+        )
+        acks_in, acks_out = anyio.create_memory_object_stream[tuple[bytes, bool]](ACKS_WAITING)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read, receive, lines_in, tg.cancel_scope)
+            tg.start_soon(self._append, lines_out, acks_in)
+            tg.start_soon(self._write, send, acks_out, tg.cancel_scope)
+
+    # -- reader ---------------------------------------------------------------------
+
+    async def _read(
+        self,
+        receive: Receive,
+        lines: MemoryObjectSendStream[_Line | _Failed | None],
+        scope: anyio.CancelScope,
+    ) -> None:
+        """Body chunks → checked lines, in order; None when the body ended."""
+        partial = bytearray()
+        async with lines:
+            while True:
+                message: Message | None = None
+                with anyio.move_on_after(self._idle):
+                    message = await receive()
+                if message is None:
+                    await _put(
+                        lines,
+                        _Failed(
+                            BodyIdle(
+                                f"the body sent nothing for {self._idle:g} s (the lease); "
+                                "send a blank line to keep an idle stream open"
+                            )
+                        ),
+                    )
+                    return
+                if message["type"] == "http.disconnect":
+                    scope.cancel()  # the client left: nothing more can be acknowledged
+                    return
+                chunk: bytes = message.get("body", b"")
+                more = bool(message.get("more_body", False))
+                pieces = chunk.split(b"\n")
+                if not more and pieces[-1] == b"" and not partial:
+                    pieces.pop()
+                for index, piece in enumerate(pieces):
+                    last = index == len(pieces) - 1
+                    if last and more:
+                        partial += piece  # the rest of this line comes in a later chunk
+                        if len(partial) > self._line_limit:
+                            await _put(lines, _Failed(self._too_large(len(partial))))
+                            return
+                        break
+                    line = bytes(partial + piece) if partial else piece
+                    partial.clear()
+                    if len(line) > self._line_limit:
+                        await _put(lines, _Failed(self._too_large(len(line))))
+                        return
+                    if not line.strip():
+                        self._keepalive = True  # a blank line: the producer is alive
+                        continue
+                    try:
+                        name, payload, data = self._parse(line)
+                    except (GatewayError, HttpError) as exc:
+                        await _put(lines, _Failed(exc))
+                        return
+                    await _put(lines, _Line(name, payload, data))
+                if not more:
+                    await _put(lines, None)
+                    # Wait for the client to leave, or for the writer to finish.
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    scope.cancel()
+                    return
+
+    def _too_large(self, size: int) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"a line of {size}+ bytes; the limit is {self._line_limit} "
+            f"(max_event_bytes + {LINE_ENVELOPE_BYTES})"
+        )
+
+    # -- appender -------------------------------------------------------------------
+
+    async def _append(
+        self,
+        lines: MemoryObjectReceiveStream[_Line | _Failed | None],
+        acks: MemoryObjectSendStream[tuple[bytes, bool]],
+    ) -> None:
+        async with lines, acks:
+            ended: _Failed | None = None
+            finished = False
+            while not finished and ended is None:
+                group: list[_Line] = []
+                item = await self._next_line(lines)
+                while True:
+                    if item is None:
+                        finished = True
+                        break
+                    if isinstance(item, _Failed):
+                        ended = item
+                        break
+                    group.append(item)
+                    if len(group) >= self._group_limit:
+                        break
+                    try:
+                        item = lines.receive_nowait()
+                    except anyio.WouldBlock:
+                        break
+                if group:
+                    failure = await self._commit(group, acks)
+                    if failure is not None:
+                        ended = failure
+            if ended is not None:
+                await acks.send((self._error_line(ended.error), True))
+            else:
+                done = {"done": True, "count": self._tally.count, "last_id": self._tally.last_id}
+                await acks.send((orjson.dumps(done) + b"\n", True))
+
+    async def _next_line(
+        self, lines: MemoryObjectReceiveStream[_Line | _Failed | None]
+    ) -> _Line | _Failed | None:
+        """The next line; meanwhile renew the lease now and then if the producer sends
+        keep-alive blank lines only."""
+        while True:
+            timeout = max(0.05, self._idle / 3)
+            with anyio.move_on_after(timeout):
+                return await lines.receive()
+            if self._keepalive and time.monotonic() - self._last_write >= self._idle / 3:
+                self._keepalive = False
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self._state.bridge.renew_lease(
+                            self._run_id, producer_token=self._token
+                        )
+                except GatewayError as exc:
+                    return _Failed(exc)
+                self._last_write = time.monotonic()
+
+    async def _commit(
+        self, group: list[_Line], acks: MemoryObjectSendStream[tuple[bytes, bool]]
+    ) -> _Failed | None:
+        """Append one group; its ack line, or the failure that ends the stream."""
+        state = self._state
+        tally = self._tally
+        events = [(line.name, line.payload) for line in group]
+        try:
+            # Shielded: once sent, an append finishes and its turn record follows it, even
+            # when the client leaves meanwhile (the bridge's own timeouts bound it).
+            with anyio.CancelScope(shield=True):
+                result = await state.bridge.publish_many(
+                    self._run_id, events, producer_token=self._token, seq=tally.next_seq
+                )
+                if result.appended:
+                    state.metrics.events_published.inc(result.appended)
+                    fresh = [(line.name, line.data) for line in group[result.already_applied :]]
+                    await sessions_routes.record_events(
+                        self._request, result.session_id, self._run_id, fresh
+                    )
+        except GatewayError as exc:
+            return _Failed(exc)
+        self._last_write = time.monotonic()
+        tally.count += len(result.ids)
+        tally.last_id = result.ids[-1]
+        ack: dict[str, Any] = {"ids": list(result.ids)}
+        if tally.next_seq is not None:
+            tally.next_seq += len(result.ids)
+            ack["next_seq"] = tally.next_seq
+        ack["cancel_requested"] = result.cancel_requested
+        await acks.send((orjson.dumps(ack) + b"\n", False))
+        return None
+
+    def _error_line(self, exc: GatewayError | HttpError) -> bytes:
+        body: dict[str, Any]
+        if isinstance(exc, HttpError):
+            body = {"error": exc.code, "detail": exc.detail}
+        else:
+            body = {"error": exc.code, "detail": public_detail(exc), **exc.details()}
+        body["applied"] = self._tally.count
+        if self._tally.next_seq is not None:
+            expected = exc.expected if isinstance(exc, SequenceRefused) else None
+            body["next_seq"] = expected if expected is not None else self._tally.next_seq
+        return orjson.dumps(body) + b"\n"
+
+    # -- writer ---------------------------------------------------------------------
+
+    async def _write(
+        self,
+        send: Send,
+        acks: MemoryObjectReceiveStream[tuple[bytes, bool]],
+        scope: anyio.CancelScope,
+    ) -> None:
+        async with acks:
+            while True:
+                body, last = await acks.receive()
+                parts = [body]
+                while not last:  # every ack waiting goes in one write
+                    try:
+                        body, last = acks.receive_nowait()
+                    except anyio.WouldBlock:
+                        break
+                    parts.append(body)
+                sent = False
+                with anyio.move_on_after(self._send_timeout):
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"".join(parts),
+                            "more_body": not last,
+                        }
+                    )
+                    sent = True
+                if not sent or last:
+                    scope.cancel()  # done, or a client that stopped reading: dropped
+                    return
+
+
+async def _put(
+    lines: MemoryObjectSendStream[_Line | _Failed | None], item: _Line | _Failed | None
+) -> None:
+    """Queue a line without a checkpoint while there is room: the lines of one chunk are
+    all queued before the appender wakes, so they go in one append (`send` would yield
+    after each, and the appender would take them one by one)."""
+    try:
+        lines.send_nowait(item)
+    except anyio.WouldBlock:
+        await lines.send(item)
+
+
+def is_streamed(request: Request) -> bool:
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    return media_type == MEDIA_TYPE
