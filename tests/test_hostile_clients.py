@@ -15,7 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
+from gateway.http.connections import PROBE_RESERVE
 from tests import http_server, test_logging
 from tests.http_server import ProducerClient, RunningServer
 from tests.test_cli import ROOT, clean_env, free_port, wait_for
@@ -117,10 +119,23 @@ def _connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
 
 
+def _read_until_closed(sock: socket.socket, limit: int = 1 << 20) -> bytes:
+    """Everything the server sends until it closes (a timeout fails: it kept it open)."""
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while len(received) < limit:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    return received
+
+
 # ---------------------------------------------------------- 4. unbounded request headers
 
 
 MB = 1024 * 1024
+KEEP_ALIVE_SECONDS = uvicorn.Config(app=None).timeout_keep_alive
 
 
 @pytest.mark.timeout(90)
@@ -173,7 +188,88 @@ async def test_too_many_headers_are_refused(
     response = await client.get("/healthz", headers=headers)
     assert response.status_code == 431, response.text
     assert response.json()["error"] == "too_many_headers"
+    assert response.headers["connection"] == "close"
     assert (await client.get("/healthz", headers=dict(list(headers.items())[:50]))).is_success
+
+
+def test_a_431_closes_the_connection(gateway_server: RunningServer) -> None:
+    many = "".join(f"x-h-{i}: v\r\n" for i in range(150))
+    request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}\r\n".encode()
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(request)
+        # Closed at once, not kept alive until uvicorn's keep-alive timeout (5 s).
+        sock.settimeout(KEEP_ALIVE_SECONDS / 2)
+        reply = _read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 431"), reply
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", reply) == [b"431"]
+
+
+# ------------------------------------------------------------ 7. unbounded chunked trailers
+
+
+def _flood_trailers(port: int, head: bytes, line: bytes, limit: int) -> tuple[int, bytes]:
+    """Send `head`, then `line` over and over (64 KiB writes) until the server closes or
+    `limit` bytes went out; (bytes sent, what the server answered)."""
+    sent = 0
+    with _connect(port) as sock:
+        sock.sendall(head)
+        block = line * max(1, (64 * 1024) // len(line))
+        with contextlib.suppress(OSError):  # the server closes on us (reset, broken pipe)
+            while sent < limit:
+                sock.sendall(block)
+                sent += len(block)
+        sock.settimeout(10)
+        reply = _read_until_closed(sock)
+    return sent, reply
+
+
+CHUNKED_PROBE = (
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
+)
+CHUNKED_CLAIM = (
+    b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("head", "line", "answered"),
+    [
+        # A probe answers without reading its body: when its answer went out before the
+        # limit was reached, the connection is closed without a second answer.
+        (CHUNKED_PROBE, b"X-Trailer: " + b"t" * 40 + b"\r\n", {b"200", b"431"}),
+        # a route that reads its body first: 431, then closed
+        (CHUNKED_CLAIM, b"X-Trailer: " + b"t" * 40 + b"\r\n", {b"431"}),
+        # one trailer line that never ends
+        (CHUNKED_CLAIM, b"X-Endless: " + b"e" * 1000, {b"431"}),
+    ],
+    ids=["probe-many-lines", "claim-many-lines", "claim-one-endless-line"],
+)
+def test_endless_trailers_are_refused_and_the_connection_closed(
+    tmp_path: Path, head: bytes, line: bytes, answered: set[bytes]
+) -> None:
+    with gateway_process(tmp_path) as gateway:
+        before = gateway.rss_bytes()
+        sent, reply = _flood_trailers(gateway.port, head, line, 64 * MB)
+        grown = gateway.rss_bytes() - before
+        assert sent < 64 * MB, "the server read 64 MB of trailers"
+        statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)
+        assert len(statuses) == 1 and statuses[0] in answered, reply[:300]
+        assert grown < 16 * MB, f"RSS grew by {grown / MB:.1f} MB"
+        assert httpx.get(gateway.base + "/healthz", timeout=5).status_code == 200
+
+
+def test_trailers_within_the_limits_are_accepted(gateway_server: RunningServer) -> None:
+    request = CHUNKED_CLAIM + b"X-Checksum: abc\r\n\r\n"
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(request)
+        reply = b""
+        while b"\r\n\r\n" not in reply or b"producer_token" not in reply:
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 201"), reply
 
 
 # ------------------------------------------------- 5. connections that never send a request
@@ -223,6 +319,18 @@ def test_connection_cap_answers_503_and_spares_established_streams(tmp_path: Pat
             assert next(lines).startswith("retry:")
             idle = [_connect(gateway.port) for _ in range(30)]
             try:
+                # Past the cap, within the probe reserve: probes are served, nothing else.
+                with _connect(gateway.port) as extra:
+                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    reply = extra.recv(4096)
+                assert reply.startswith(b"HTTP/1.1 200"), reply
+                with _connect(gateway.port) as extra:
+                    extra.sendall(b"GET /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    reply = _read_until_closed(extra)
+                assert reply.startswith(b"HTTP/1.1 503"), reply
+                assert b"too_many_connections" in reply and b"retry-after: 1" in reply.lower()
+                # Past the reserve too: refused at once, probes included.
+                idle += [_connect(gateway.port) for _ in range(PROBE_RESERVE)]
                 with _connect(gateway.port) as extra:
                     extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                     reply = extra.recv(4096)
