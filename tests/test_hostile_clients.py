@@ -17,6 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
+from gateway.http.auth import mint_subscriber_token
 from gateway.http.connections import PROBE_RESERVE
 from tests import http_server, test_logging
 from tests.http_server import ProducerClient, RunningServer
@@ -360,3 +361,116 @@ def test_connection_cap_answers_503_and_spares_established_streams(tmp_path: Pat
                 if line.startswith("data: "):
                     assert line == 'data: "after"'
                     break
+
+
+# ------------------------------------------------ 8. one reader's share of the connections
+
+
+def _open_stream(port: int, path: str) -> tuple[socket.socket, bytes]:
+    """A raw SSE request; the socket and the response head (once its head is in)."""
+    sock = _connect(port)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, head
+        head += chunk
+    return sock, head
+
+
+@pytest.mark.timeout(90)
+def test_one_reader_holds_only_its_share_of_the_connections(tmp_path: Path) -> None:
+    secret = "s" * 40
+    env = {
+        "GATEWAY_API_KEYS": "operator-key-0123456789",
+        "GATEWAY_JWT_SECRET": secret,
+        "GATEWAY_MAX_CONNECTIONS": "10",
+        "GATEWAY_SUBJECT_STREAM_SHARE": "0.4",  # 4 of the 10
+    }
+    with (
+        gateway_process(tmp_path, **env) as gateway,
+        httpx.Client(base_url=gateway.base, timeout=10) as client,
+    ):
+        auth = {"Authorization": "Bearer operator-key-0123456789"}
+        run_id = client.post("/v1/runs", json={}, headers=auth).json()["run_id"]
+        alice = mint_subscriber_token(secret, runs=[run_id], subject="alice")
+        alice_again = mint_subscriber_token(secret, runs=[run_id], subject="alice", ttl_seconds=99)
+        bob = mint_subscriber_token(secret, runs=[run_id], subject="bob")
+        path = f"/v1/runs/{run_id}/stream?access_token="
+        held: list[socket.socket] = []
+        try:
+            for _ in range(4):
+                sock, head = _open_stream(gateway.port, path + alice)
+                held.append(sock)
+                assert head.startswith(b"HTTP/1.1 200"), head
+            # The fifth, with the same subject in another token, is refused: 429.
+            sock, head = _open_stream(gateway.port, path + alice_again)
+            sock.close()
+            assert head.startswith(b"HTTP/1.1 429"), head
+            assert b"retry-after: 1" in head.lower()
+            waited = client.get(f"/v1/runs/{run_id}/wait?timeout=1&access_token={alice}")
+            assert waited.status_code == 429 and waited.json()["error"] == "too_many_streams"
+            assert waited.headers["retry-after"] == "1"
+            # Everyone else is served: another reader, an API key, the probes.
+            sock, head = _open_stream(gateway.port, path + bob)
+            held.append(sock)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert client.get("/v1/sessions", headers=auth).status_code == 200
+            assert client.get("/readyz").status_code == 200
+            # One of alice's streams closes: her share has room again.
+            held.pop(0).close()
+
+            def admitted() -> bool:
+                sock, head = _open_stream(gateway.port, path + alice_again)
+                if head.startswith(b"HTTP/1.1 200"):
+                    held.append(sock)
+                    return True
+                sock.close()
+                assert head.startswith(b"HTTP/1.1 429"), head
+                return False
+
+            wait_for(admitted, 10, "alice's stream once one of hers closed")
+        finally:
+            for sock in held:
+                sock.close()
+
+
+async def test_the_share_covers_every_kind_of_stream(key_prefix: str) -> None:
+    """Run streams, the LangGraph path, the session feed and /wait count as one share."""
+    secret = "s" * 40
+    settings = http_server.make_settings(
+        "memory",
+        None,
+        key_prefix,
+        api_keys=("operator-key-0123456789",),
+        jwt_secret=secret,
+        max_connections=40,
+        subject_stream_share=0.1,  # 4 of the 40
+    )
+    auth = {"Authorization": "Bearer operator-key-0123456789"}
+    with http_server.serve(settings) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+            claim = (await client.post("/v1/runs", json={"session_id": "s1"}, headers=auth)).json()
+            run_id = claim["run_id"]
+            token = mint_subscriber_token(secret, sessions=["s1"], subject="alice")
+            reader = {"Authorization": f"Bearer {token}"}
+            paths = [
+                f"/v1/runs/{run_id}/stream",
+                f"/threads/s1/runs/{run_id}/stream",
+                "/v1/sessions/s1/stream",
+                f"/v1/runs/{run_id}/stream",
+            ]
+            async with contextlib.AsyncExitStack() as stack:
+                for path in paths:
+                    response = await stack.enter_async_context(
+                        client.stream("GET", path, headers=reader)
+                    )
+                    assert response.status_code == 200, path
+                for path in [*paths, f"/v1/runs/{run_id}/wait?timeout=1"]:
+                    refused = await client.get(path, headers=reader)
+                    assert refused.status_code == 429, path
+                    assert refused.json()["error"] == "too_many_streams"
+                    assert refused.headers["retry-after"] == "1"
+                # The operator's key is a reader of its own.
+                async with client.stream("GET", paths[0], headers=auth) as response:
+                    assert response.status_code == 200

@@ -70,6 +70,15 @@ def connection_limit(settings: Settings) -> int | None:
     return max(MIN_CONNECTIONS, soft - FD_RESERVE - settings.redis_max_connections)
 
 
+def subject_stream_limit(settings: Settings) -> int | None:
+    """Open streams and `/wait` calls one reader may hold in this process: its share of
+    the connection cap (at least 1); None when there is no cap."""
+    cap = connection_limit(settings)
+    if cap is None:
+        return None
+    return max(1, int(cap * settings.subject_stream_share))
+
+
 def _refusal(status: bytes, code: str, detail: str) -> bytes:
     body = orjson.dumps({"error": code, "detail": detail})
     head = (
