@@ -8,9 +8,13 @@ per field (`--<name>`, help from the field's description): `gateway serve --help
 lists them all, and a new field is a new flag with no change here.
 
 Startup refuses (a one-line message on stderr, exit code 2, before any port is bound)
-invalid settings, which include an empty API key, a JWT secret shorter than 32 bytes
-and open mode (no API key, no JWT secret) on a non-loopback host unless
-`--allow-open-nonloopback` forces it (see `gateway.settings`).
+invalid settings, which include an empty API key, a JWT secret shorter than 32 bytes,
+an example key or secret shipped in the repository, a `GATEWAY_*` variable that looks
+like a typo of a setting, open mode (no API key, no JWT secret) on a non-loopback host
+unless `--allow-open-nonloopback` forces it, and open mode with `--cors-origins '*'`
+unless `--allow-open-any-origin` forces it (see `gateway.settings`). Other unknown
+`GATEWAY_*` variables (Kubernetes service links, a wrapper script's own) are ignored
+with one warning line in the log, once, by the process that reads the environment.
 
 SIGTERM or SIGINT: uvicorn stops accepting, SSE responses end cleanly (clients reconnect
 elsewhere with Last-Event-ID), connections still open after `SHUTDOWN_GRACE_SECONDS`
@@ -48,6 +52,7 @@ import logging
 import signal
 import socket
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from types import FrameType, UnionType
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, Union, get_args, get_origin
@@ -57,7 +62,7 @@ from click.core import ParameterSource
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from .settings import ENV_PREFIX, Settings
+from .settings import ENV_PREFIX, Settings, UnknownSettingsWarning
 
 if TYPE_CHECKING:
     import anyio
@@ -102,10 +107,25 @@ def format_validation_error(exc: ValidationError) -> str:
     return "invalid settings: " + "; ".join(parts)
 
 
-def build_settings(given: Mapping[str, Any]) -> Settings:
-    """Settings from the explicitly given flags plus the environment; ConfigError if bad."""
+def build_settings(given: Mapping[str, Any], notes: list[str] | None = None) -> Settings:
+    """Settings from the explicitly given flags plus the environment; ConfigError if bad.
+
+    `notes` (when given) collects the warnings about ignored environment variables, for
+    the caller to log once logging is configured; otherwise they are Python warnings."""
     try:
-        return Settings(**given)
+        if notes is None:
+            return Settings(**given)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UnknownSettingsWarning)
+            settings = Settings(**given)
+        for warning in caught:
+            if issubclass(warning.category, UnknownSettingsWarning):
+                notes.append(str(warning.message))
+            else:  # not ours: passed on as it came
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+        return settings
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
     except ValueError as exc:  # e.g. a malformed complex env value
@@ -311,12 +331,23 @@ async def _serve(
         return exit_code
 
 
-def run_server(settings: Settings, demo: bool, sockets: list[socket.socket] | None = None) -> int:
+def _log_notes(notes: Sequence[str]) -> None:
+    for note in notes:
+        logging.getLogger("gateway.settings").warning(note, extra={"event": "settings_ignored"})
+
+
+def run_server(
+    settings: Settings,
+    demo: bool,
+    sockets: list[socket.socket] | None = None,
+    notes: Sequence[str] = (),
+) -> int:
     import anyio
 
     from .logging import configure_logging
 
     configure_logging(settings.log_format)
+    _log_notes(notes)
     stop = _StopSignals()
     stop.install()  # uvicorn installs its own while serving and restores these afterwards
     try:
@@ -336,12 +367,13 @@ def run_server(settings: Settings, demo: bool, sockets: list[socket.socket] | No
     )
 
 
-def run_workers(settings: Settings) -> int:
+def run_workers(settings: Settings, notes: Sequence[str] = ()) -> int:
     """`settings.workers` processes serving one socket, bound here (see the module doc)."""
     from .logging import configure_logging
     from .supervisor import bind_listener, supervise
 
     configure_logging(settings.log_format)
+    _log_notes(notes)  # here only: the workers get the settings, not the environment
     try:
         sock = bind_listener(settings.host, settings.port, LISTEN_BACKLOG)
     except OSError as exc:
@@ -375,8 +407,9 @@ def cli() -> None:
 @click.pass_context
 def serve(ctx: click.Context, /, demo: bool, **_settings: Any) -> None:
     """Run the gateway. Every setting is a flag here and an env var GATEWAY_<NAME>."""
+    notes: list[str] = []
     try:
-        settings = build_settings(given_settings(ctx))
+        settings = build_settings(given_settings(ctx), notes)
         if demo and settings.workers > 1:
             raise ConfigError(
                 "--demo runs in a single process: drop --workers, or point `gateway demo "
@@ -385,8 +418,8 @@ def serve(ctx: click.Context, /, demo: bool, **_settings: Any) -> None:
     except ConfigError as exc:
         _fail(str(exc))
     if settings.workers > 1:
-        sys.exit(run_workers(settings))
-    sys.exit(run_server(settings, demo))
+        sys.exit(run_workers(settings, notes))
+    sys.exit(run_server(settings, demo, notes=notes))
 
 
 serve.params[:0] = setting_options()

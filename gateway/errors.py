@@ -23,6 +23,7 @@ Exception
 │   ├── Unauthorized           missing or invalid credentials
 │   │   └── TokenExpired       a subscriber token past its `exp`
 │   ├── Forbidden              valid credentials that do not cover this run/session
+│   ├── TooManyStreams         a reader at its share of the open streams (gateway.http)
 │   └── RequestRefused         an error answer the producer client has no narrower type
 │                              for (gateway.producer)
 ├── HttpError                  an HTTP-level problem with its own status and code, such as
@@ -138,3 +139,10 @@ class TokenExpired(Unauthorized):
 
 class Forbidden(GatewayError):
     code = "forbidden"
+
+
+class TooManyStreams(GatewayError):
+    """A reader (token subject or API key) holds its whole share of this process's open
+    streams and `/wait` calls (`Settings.subject_stream_share`)."""
+
+    code = "too_many_streams"

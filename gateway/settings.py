@@ -7,19 +7,33 @@ Each setting is one field of `Settings` and nothing else. From the field follow:
 - its `gateway serve` flag, `--<name>` with dashes (`--stream-ttl-seconds`; a boolean
   gets `--<name>/--no-<name>`, a list is repeatable), which `gateway.cli` generates
   from this class with the field's `description` as the flag's help.
-So adding a field is the whole of adding a setting. Every setting is startup-only. A
-`GATEWAY_*` variable that names no setting is refused (a typo would otherwise be a
-setting silently left at its default).
+So adding a field is the whole of adding a setting. Every setting is startup-only.
+
+A `GATEWAY_*` variable that names no setting is ignored with one warning naming them all
+(`UnknownSettingsWarning`; `gateway serve` logs it as one line): Kubernetes puts
+`GATEWAY_SERVICE_HOST`, `GATEWAY_PORT_80_TCP…` into every container of a namespace with a
+Service named `gateway`, and wrapper scripts export their own `GATEWAY_…` names. One that
+is a likely typo of a setting (`GATEWAY_API_KEY` for `GATEWAY_API_KEYS`: a close match by
+`difflib`) is still refused, since it would leave that setting silently at its default;
+Kubernetes' service-link names are never taken for typos. Kubernetes'
+`GATEWAY_PORT=tcp://<ip>:<port>` (a service link, never a port number) is ignored the
+same way.
 
 Nothing else in the package reads the environment. Settings that would serve without
 authentication on a non-loopback address are invalid (unless `allow_open_nonloopback`
-forces it), and so are several workers on the memory bridge (they would share no
-runs), whoever builds them: the command line and library users of `create_app`.
+forces it), and so are open mode with `cors_origins` `*` (any web page could read and
+cancel every run; unless `allow_open_any_origin` forces it), the example secrets the
+repository ships (`EXAMPLE_SECRETS`), and several workers on the memory bridge (they
+would share no runs), whoever builds them: the command line and library users of
+`create_app`. CORS origins are normalised to what a browser sends (scheme and host
+lower-cased, a default port dropped).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+import warnings
 from typing import Annotated, Final, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
@@ -53,8 +67,62 @@ _REDIS_URL_REFUSED: Final = {
 }
 # What a browser sends as `Origin`: scheme://host[:port] (a trailing slash is forgiven).
 _ORIGIN_RE: Final = re.compile(
-    r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?/?"
+    r"(https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?/?", re.IGNORECASE
 )
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+# The placeholder secrets the repository ships (deploy/k8s/secret.example.yaml,
+# deploy/compose.yaml's comments): anyone can read them, so they are refused as keys or
+# JWT secrets; so is anything still starting with "replace-me".
+EXAMPLE_SECRETS: Final = frozenset(
+    {
+        "replace-me-with-a-long-random-key",
+        "replace-me-with-at-least-32-random-bytes-xxxxxxxx",
+        "change-me",
+    }
+)
+_PLACEHOLDER_PREFIX: Final = "replace-me"
+# Names Kubernetes gives every container of a namespace for a Service named `gateway`
+# (service links), after the `GATEWAY_` prefix: never a typo of a setting.
+_SERVICE_LINK_NAME: Final = re.compile(
+    r"service_host|service_port(_\w+)?|port(_\d+_(tcp|udp|sctp)(_proto|_port|_addr)?)?"
+)
+# The value Kubernetes (and Docker's legacy links) give `GATEWAY_PORT`.
+_SERVICE_LINK_URL: Final = re.compile(r"(tcp|udp|sctp)://\S*")
+# How close an unknown name must be to a setting's to be taken for its typo.
+_TYPO_CUTOFF: Final = 0.8
+
+
+class UnknownSettingsWarning(UserWarning):
+    """`GATEWAY_*` environment variables that name no setting (ignored)."""
+
+
+def _is_example_secret(value: str) -> bool:
+    return value.strip() in EXAMPLE_SECRETS or value.strip().startswith(_PLACEHOLDER_PREFIX)
+
+
+def _likely_typo(name: str) -> str | None:
+    """The setting `name` (lower case, prefix removed) is probably a typo of, if any."""
+    if _SERVICE_LINK_NAME.fullmatch(name):
+        return None
+    close = difflib.get_close_matches(name, Settings.model_fields, n=1, cutoff=_TYPO_CUTOFF)
+    return close[0] if close else None
+
+
+def normalise_origin(origin: str) -> str:
+    """`origin` as a browser sends it in `Origin`; ValueError if it is not one."""
+    if origin == "*":
+        return origin
+    match = _ORIGIN_RE.fullmatch(origin)
+    if match is None:
+        raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path) or *")
+    scheme, host, port = match.group(1).lower(), match.group(2).lower(), match.group(3)
+    if port is not None:
+        number = int(port)
+        if not 0 < number <= 65535:
+            raise ValueError(f"{origin!r}: port {port} is out of range")
+        # Browsers never send the scheme's default port, nor leading zeros.
+        port = None if number == _DEFAULT_PORTS[scheme] else str(number)
+    return f"{scheme}://{host}" if port is None else f"{scheme}://{host}:{port}"
 
 
 def _split_commas(value: object) -> object:
@@ -137,7 +205,14 @@ class Settings(BaseSettings):
     jwt_secret: str | None = Field(
         None,
         repr=False,
-        description=f"HMAC secret of subscriber tokens (at least {MIN_JWT_SECRET_BYTES} bytes).",
+        description=f"HMAC secret of subscriber tokens (at least {MIN_JWT_SECRET_BYTES} bytes); "
+        "new tokens are signed with it.",
+    )
+    jwt_previous_secrets: CommaList = Field(
+        (),
+        repr=False,
+        description="Older subscriber-token secrets, newest first, still accepted while the "
+        "tokens signed with them expire (rotation; needs jwt_secret).",
     )
     allow_open_nonloopback: bool = Field(
         False,
@@ -147,6 +222,11 @@ class Settings(BaseSettings):
         (),
         description="Browser pages on these origins may call the subscriber and session "
         'routes (CORS); empty: no cross-origin access; "*": any origin.',
+    )
+    allow_open_any_origin: bool = Field(
+        False,
+        description='Allow cors_origins "*" without authentication: any web page may then '
+        "read, list and cancel every run (unsafe).",
     )
     cors_producer_routes: bool = Field(
         False, description="Also allow CORS on the producer and operator routes."
@@ -164,6 +244,14 @@ class Settings(BaseSettings):
         ge=1,
         description="Concurrent connections per process, 503 beyond (default: from the "
         "file limit).",
+    )
+    subject_stream_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of max_connections one reader (a token's subject, or an API key) "
+        "may hold in open streams and /wait calls; beyond it 429 with Retry-After.",
     )
 
     max_event_bytes: int = Field(1_048_576, ge=64, description="Largest encoded event payload.")
@@ -185,28 +273,14 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         if isinstance(env_settings, EnvSettingsSource):
-            prefix = ENV_PREFIX.lower()  # names are read case-insensitively
-            unknown = sorted(
-                name.upper()
-                for name in env_settings.env_vars
-                if name.startswith(prefix) and name[len(prefix) :] not in cls.model_fields
-            )
-            if unknown:
-                raise ValueError(
-                    f"unknown settings in the environment: {', '.join(unknown)} "
-                    "(gateway serve --help lists every setting)"
-                )
+            _check_environment(env_settings)
         return init_settings, env_settings, dotenv_settings, file_secret_settings
 
     @field_validator("cors_origins")
     @classmethod
     def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for origin in value:
-            if origin != "*" and not _ORIGIN_RE.fullmatch(origin):
-                raise ValueError(
-                    f"{origin!r} is not an origin (scheme://host[:port], no path) or *"
-                )
-        return tuple(origin.rstrip("/") for origin in value)
+        # Starlette compares origins as strings: keep each in the form browsers send.
+        return tuple(dict.fromkeys(normalise_origin(origin) for origin in value))
 
     @field_validator("redis_url")
     @classmethod
@@ -230,14 +304,43 @@ class Settings(BaseSettings):
     def _no_empty_key(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
         if any(not key.strip() for key in keys):
             raise ValueError("an API key must not be empty")
+        if any(_is_example_secret(key) for key in keys):
+            raise ValueError(_EXAMPLE_REFUSED)
         return keys
 
     @field_validator("jwt_secret")
     @classmethod
     def _strong_secret(cls, secret: str | None) -> str | None:
-        if secret and len(secret.encode()) < MIN_JWT_SECRET_BYTES:
-            raise ValueError(f"must be at least {MIN_JWT_SECRET_BYTES} bytes (HMAC key strength)")
+        if secret:
+            _check_jwt_secret(secret)
         return secret or None
+
+    @field_validator("jwt_previous_secrets")
+    @classmethod
+    def _strong_previous_secrets(cls, secrets: tuple[str, ...]) -> tuple[str, ...]:
+        for secret in secrets:
+            _check_jwt_secret(secret)
+        return secrets
+
+    @model_validator(mode="after")
+    def _previous_secrets_need_a_current_one(self) -> Self:
+        if self.jwt_previous_secrets and not self.jwt_secret:
+            raise ValueError(
+                "jwt_previous_secrets (GATEWAY_JWT_PREVIOUS_SECRETS) needs jwt_secret "
+                "(GATEWAY_JWT_SECRET), the newest secret, which new tokens are signed with"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_open_cors_for_any_origin(self) -> Self:
+        open_mode = not self.api_keys and not self.jwt_secret
+        if open_mode and "*" in self.cors_origins and not self.allow_open_any_origin:
+            raise ValueError(
+                "refusing cors_origins '*' without authentication: any web page could list "
+                "sessions, read every run and cancel runs; set --api-keys / --jwt-secret, "
+                "list the origins you trust, or force it with --allow-open-any-origin"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_open_public_bind(self) -> Self:
@@ -261,3 +364,52 @@ class Settings(BaseSettings):
                 "--redis-url (GATEWAY_REDIS_URL); memory-bridge workers would share no runs"
             )
         return self
+
+
+_EXAMPLE_REFUSED: Final = (
+    "is an example value shipped in the repository (anyone can read it): generate a "
+    "secret, e.g. `openssl rand -hex 32`"
+)
+
+
+def _check_jwt_secret(secret: str) -> None:
+    if len(secret.encode()) < MIN_JWT_SECRET_BYTES:
+        raise ValueError(f"must be at least {MIN_JWT_SECRET_BYTES} bytes (HMAC key strength)")
+    if _is_example_secret(secret):
+        raise ValueError(_EXAMPLE_REFUSED)
+
+
+def _check_environment(env_settings: EnvSettingsSource) -> None:
+    """Refuse likely typos among unknown `GATEWAY_*` variables; warn once about the rest.
+
+    A Kubernetes service link's `GATEWAY_PORT=tcp://…` is dropped from what is read.
+    """
+    prefix = ENV_PREFIX.lower()  # names are read case-insensitively (lower-cased here)
+    env = env_settings.env_vars
+    unknown = [
+        name
+        for name in env
+        if name.startswith(prefix) and name[len(prefix) :] not in Settings.model_fields
+    ]
+    port = prefix + "port"
+    if _SERVICE_LINK_URL.fullmatch(env.get(port) or ""):
+        env_settings.env_vars = {name: value for name, value in env.items() if name != port}
+        unknown.append(port)
+    typos = {name: guess for name in unknown if (guess := _likely_typo(name[len(prefix) :]))}
+    if typos:
+        named = ", ".join(
+            f"{name.upper()} (did you mean {ENV_PREFIX}{guess.upper()}?)"
+            for name, guess in sorted(typos.items())
+        )
+        raise ValueError(
+            f"unknown settings in the environment: {named} "
+            "(gateway serve --help lists every setting)"
+        )
+    if unknown:
+        warnings.warn(
+            UnknownSettingsWarning(
+                "ignoring environment variables that name no setting: "
+                + ", ".join(sorted(name.upper() for name in unknown))
+            ),
+            stacklevel=2,
+        )

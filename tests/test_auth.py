@@ -254,3 +254,64 @@ def test_from_settings_uses_keys_and_secret() -> None:
 def test_mint_rejects_non_hmac_algorithms() -> None:
     with pytest.raises(ValueError):
         mint_subscriber_token(SECRET, runs=["r"], algorithm="none")  # type: ignore[arg-type]
+
+
+# -- secret rotation: a list of verification secrets, newest first -------------------------
+
+OLD_SECRET = "o" * 48
+OLDER_SECRET = "p" * 48
+
+
+def test_a_token_signed_with_a_previous_secret_is_still_accepted() -> None:
+    rotated = Authenticator(KEYS, SECRET, previous_secrets=(OLD_SECRET, OLDER_SECRET))
+    for secret in (SECRET, OLD_SECRET, OLDER_SECRET):
+        token = mint_subscriber_token(secret, runs=["r1"], subject="reader")
+        principal = rotated.authorize_subscriber(bearer(token), {}, "r1")
+        assert principal.runs == {"r1"} and principal.subject == "reader"
+    # Once a secret is dropped from the list, its tokens are refused.
+    dropped = Authenticator(KEYS, SECRET, previous_secrets=(OLD_SECRET,))
+    with pytest.raises(Unauthorized):
+        dropped.authorize_subscriber(
+            bearer(mint_subscriber_token(OLDER_SECRET, runs=["r1"])), {}, "r1"
+        )
+    # Without the list (a rotation with a cliff), the old token is refused at once.
+    with pytest.raises(Unauthorized):
+        Authenticator(KEYS, SECRET).authorize_subscriber(
+            bearer(mint_subscriber_token(OLD_SECRET, runs=["r1"])), {}, "r1"
+        )
+
+
+def test_an_expired_token_of_a_previous_secret_says_expired() -> None:
+    rotated = Authenticator(KEYS, SECRET, previous_secrets=(OLD_SECRET,))
+    token = mint_subscriber_token(OLD_SECRET, runs=["r1"], ttl_seconds=1, now=time.time() - 60)
+    with pytest.raises(TokenExpired):
+        rotated.authorize_subscriber(bearer(token), {}, "r1")
+
+
+def test_rotation_is_read_from_settings() -> None:
+    settings = Settings(jwt_secret=SECRET, jwt_previous_secrets=(OLD_SECRET,))
+    authn = Authenticator.from_settings(settings)
+    token = mint_subscriber_token(OLD_SECRET, sessions=["s1"])
+    assert authn.authorize_session_reader(bearer(token), {}, "s1").sessions == {"s1"}
+
+
+# -- who holds a stream: the per-reader share key ------------------------------------------
+
+
+def test_share_keys_name_the_reader() -> None:
+    authn = Authenticator(KEYS, SECRET)
+    keyed = {authn.authenticate_subscriber(bearer(key), {}).share_key for key in KEYS}
+    assert len(keyed) == len(KEYS) and None not in keyed  # one per API key
+    assert authn.authorize_producer(bearer(KEYS[0])).share_key in keyed
+    # Tokens of one subject share one key, whatever else differs.
+    one = mint_subscriber_token(SECRET, runs=["r1"], subject="alice")
+    two = mint_subscriber_token(SECRET, sessions=["s1"], subject="alice", ttl_seconds=60)
+    first = authn.authenticate_subscriber({}, {"access_token": one}).share_key
+    assert first == authn.authenticate_subscriber(bearer(two), {}).share_key
+    assert first not in keyed
+    # A token without a subject is a reader of its own.
+    anonymous = [mint_subscriber_token(SECRET, runs=["r1"], ttl_seconds=t) for t in (60, 61)]
+    keys = {authn.authenticate_subscriber(bearer(t), {}).share_key for t in anonymous}
+    assert len(keys) == 2 and first not in keys and None not in keys
+    # Open mode names nobody: only the connection cap applies.
+    assert Authenticator().authenticate_subscriber({}, {}).share_key is None

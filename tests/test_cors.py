@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from gateway.settings import Settings
 from tests.http_server import ProducerClient, RunningServer, make_settings, serve
+from tests.test_cli import Server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -137,7 +139,51 @@ def test_origins_setting_is_validated_and_split(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("GATEWAY_CORS_ORIGINS", "https://a.example, http://127.0.0.1:5173/")
     settings = Settings()
     assert settings.cors_origins == ("https://a.example", "http://127.0.0.1:5173")
-    assert Settings(cors_origins=("*",)).cors_origins == ("*",)
+    assert Settings(cors_origins=("*",), api_keys=("k1",)).cors_origins == ("*",)
     for bad in ("a.example", "https://a.example/path", "ftp://a.example"):
         with pytest.raises(ValidationError):
             Settings(cors_origins=(bad,))
+
+
+@pytest.mark.parametrize(
+    "configured",
+    ["https://App.Example.com", "https://app.example.com:443", "HTTPS://APP.EXAMPLE.COM:443/"],
+)
+async def test_an_origin_written_another_way_matches_what_browsers_send(configured: str) -> None:
+    # A browser sends the scheme and host lower-cased, without the default port.
+    browser = "https://app.example.com"
+    async with _client(cors_origins=(configured,)) as client:
+        preflight = await client.options("/v1/sessions", headers=_preflight(browser, "GET"))
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == browser
+        listed = await client.get("/v1/sessions", headers={"Origin": browser})
+        assert listed.headers["access-control-allow-origin"] == browser
+
+
+@pytest.mark.timeout(60)
+def test_serve_refuses_any_origin_without_authentication_unless_forced(tmp_path: Path) -> None:
+    refused = Server(tmp_path, "--cors-origins", "*")
+    try:
+        assert refused.proc.wait(timeout=15) == 2
+        assert "--allow-open-any-origin" in refused.log()
+    finally:
+        refused.close()
+    forced = Server(tmp_path, "--cors-origins", "*", "--allow-open-any-origin")
+    try:
+        forced.wait_healthy()
+        preflight = httpx.options(
+            forced.base + "/v1/sessions", headers=_preflight("http://any.example", "GET"), timeout=5
+        )
+        assert preflight.headers["access-control-allow-origin"] in ("*", "http://any.example")
+    finally:
+        forced.close()
+
+
+@pytest.mark.timeout(60)
+def test_serve_refuses_an_origin_that_could_never_match(tmp_path: Path) -> None:
+    server = Server(tmp_path, "--cors-origins", "https://app.example.com:99999")
+    try:
+        assert server.proc.wait(timeout=15) == 2
+        assert "out of range" in server.log()
+    finally:
+        server.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import shlex
 import statistics
 import subprocess
@@ -29,11 +30,21 @@ import anyio
 import httpx
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from gateway.cli import SHUTDOWN_GRACE_SECONDS
 from gateway.settings import Settings
 from tests.http_server import ProducerClient
-from tests.proxies import DEPLOY, HAPROXY_BIN, NGINX_BIN, GatewayProcess, Proxy
+from tests.proxies import (
+    DEPLOY,
+    HAPROXY_BIN,
+    NGINX_BIN,
+    STOP_TIMEOUT,
+    GatewayProcess,
+    Proxy,
+    wait_until,
+)
+from tests.redis_servers import free_port
 from tests.sse_client import Frame, iter_frames
 
 pytestmark = pytest.mark.timeout(60)
@@ -545,3 +556,163 @@ def test_deploy_files_set_only_real_settings() -> None:
                 given |= {e["name"] for e in container.get("env", [])}
     assert {"GATEWAY_API_KEYS", "GATEWAY_REDIS_URL"} <= given
     assert given <= settings, sorted(given - settings)
+
+
+# -- Kubernetes: the pod's own command, with the environment Kubernetes gives it ----------
+
+CLUSTER_IP = "10.0.0.1"
+
+
+def kustomization_resources() -> list[dict[str, Any]]:
+    """The documents `kubectl apply -k deploy/k8s` applies."""
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    docs: list[dict[str, Any]] = []
+    for name in kustomization["resources"]:
+        docs += [d for d in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()) if d]
+    return docs
+
+
+def service_links(services: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables Kubernetes puts into every container of the namespace for these
+    Services unless the pod sets `enableServiceLinks: false` (docker-links style)."""
+    env: dict[str, str] = {}
+    for service in services:
+        name = service["metadata"]["name"].upper().replace("-", "_")
+        ports = service["spec"]["ports"]
+        first = ports[0]["port"]
+        env[f"{name}_SERVICE_HOST"] = CLUSTER_IP
+        env[f"{name}_SERVICE_PORT"] = str(first)
+        env[f"{name}_PORT"] = f"tcp://{CLUSTER_IP}:{first}"
+        for port in ports:
+            number, proto = port["port"], port.get("protocol", "TCP")
+            if "name" in port:
+                env[f"{name}_SERVICE_PORT_{port['name'].upper()}"] = str(number)
+            base = f"{name}_PORT_{number}_{proto}"
+            env[base] = f"{proto.lower()}://{CLUSTER_IP}:{number}"
+            env[f"{base}_PROTO"] = proto.lower()
+            env[f"{base}_PORT"] = str(number)
+            env[f"{base}_ADDR"] = CLUSTER_IP
+    return env
+
+
+def pod_command(port: int) -> tuple[list[str], dict[str, Any]]:
+    """The gateway container's argv (its `--port` moved to `port`) and the container."""
+    (deployment,) = [d for d in kustomization_resources() if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = list(container.get("command", [])) + list(container["args"])
+    assert args[:2] == ["gateway", "serve"], args
+    args[args.index("--port") + 1] = str(port)
+    return [sys.executable, "-m", "gateway", *args[1:]], container
+
+
+def pod_environment(
+    container: dict[str, Any], secret_values: dict[str, str], redis_url: str
+) -> dict[str, str]:
+    """What the kubelet gives the container: its ConfigMaps (`envFrom`), its `env` (Secret
+    keys from `secret_values`; an optional key missing there is left out, as Kubernetes
+    does), and the service links of every Service applied beside it."""
+    docs = kustomization_resources()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DEPLOY.parent), env.get("PYTHONPATH")]))
+    env.update(service_links([d for d in docs if d["kind"] == "Service"]))
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    for source in container.get("envFrom", []):
+        env.update({k: str(v) for k, v in maps[source["configMapRef"]["name"]]["data"].items()})
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+            continue
+        ref = item["valueFrom"]["secretKeyRef"]
+        if ref["key"] in secret_values:
+            env[item["name"]] = secret_values[ref["key"]]
+        else:
+            assert ref.get("optional") is True, f"the pod needs secret key {ref['key']}"
+    env["GATEWAY_REDIS_URL"] = redis_url  # the test's Redis, not the cluster's
+    env["GATEWAY_REDIS_KEY_PREFIX"] = f"k8s{uuid4().hex[:8]}:"
+    return env
+
+
+def test_the_pod_opts_out_of_service_links() -> None:
+    (deployment,) = [d for d in kustomization_resources() if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def test_the_kustomization_ships_no_secret_values() -> None:
+    docs = kustomization_resources()
+    assert not [d for d in docs if d["kind"] == "Secret"], "a Secret with values is applied"
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    assert "secretGenerator" not in kustomization
+
+
+def shipped_example_secrets() -> dict[str, str]:
+    (secret,) = yaml.safe_load_all((DEPLOY / "k8s" / "secret.example.yaml").read_text())
+    values: dict[str, str] = dict(secret["stringData"])
+    return values
+
+
+@pytest.mark.timeout(60)
+def test_the_pod_command_starts_with_the_environment_kubernetes_gives_it(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Service links (`GATEWAY_SERVICE_HOST`, `GATEWAY_PORT=tcp://…`, …) and a wrapper's
+    own `GATEWAY_PYTHON` are ignored with one warning line; the pod serves."""
+    port = free_port()
+    argv, container = pod_command(port)
+    key = secrets.token_hex(32)
+    secret_values = {"GATEWAY_API_KEYS": key, "GATEWAY_JWT_SECRET": secrets.token_hex(32)}
+    env = pod_environment(container, secret_values, redis_url)
+    assert env["GATEWAY_PORT"] == f"tcp://{CLUSTER_IP}:80"  # what collided with `port`
+    env["GATEWAY_PYTHON"] = sys.executable  # a wrapper script's own variable
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        probe = container["readinessProbe"]["httpGet"]["path"]
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"exited {proc.returncode}: {log_path.read_text()}")
+            return httpx.get(url + probe, timeout=1).status_code == 200
+
+        wait_until("the pod's gateway is ready", ready, 20, log_path.read_text)
+        liveness = container["livenessProbe"]["httpGet"]["path"]
+        assert httpx.get(url + liveness, timeout=5).status_code == 200
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(url + "/v1/sessions", headers=auth, timeout=5).status_code == 200
+        assert httpx.get(url + "/v1/sessions", timeout=5).status_code == 401  # auth is on
+    finally:
+        proc.terminate()
+        proc.wait(STOP_TIMEOUT)
+    lines = [line for line in log_path.read_text().splitlines() if "name no setting" in line]
+    assert len(lines) == 1, log_path.read_text()
+    for name in (
+        "GATEWAY_SERVICE_HOST",
+        "GATEWAY_SERVICE_PORT_HTTP",
+        "GATEWAY_PORT,",
+        "GATEWAY_PORT_80_TCP_ADDR",
+        "GATEWAY_PYTHON",
+    ):
+        assert name in lines[0] + ",", name
+
+
+@pytest.mark.timeout(60)
+def test_the_pod_command_refuses_the_shipped_example_secrets(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Applied as shipped (with secret.example.yaml), the gateway does not start."""
+    argv, container = pod_command(free_port())
+    example = shipped_example_secrets()
+    env = pod_environment(container, example, redis_url)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "example value" in done.stderr and "api_keys" in done.stderr
+    for value in example.values():
+        assert value not in done.stderr  # a secret is never echoed
+    # Each shipped placeholder (and compose.yaml's documented `change-me`) is refused
+    # wherever a secret goes, also once a real key is given beside it.
+    for value in [*example.values(), "change-me"]:
+        with pytest.raises(ValidationError, match="example value"):
+            Settings(api_keys=("a-real-key-0123456789", value))
+        with pytest.raises(ValidationError, match=r"example value|at least 32 bytes"):
+            Settings(jwt_secret=value)

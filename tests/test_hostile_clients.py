@@ -15,7 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
+from gateway.http.auth import mint_subscriber_token
+from gateway.http.connections import PROBE_RESERVE
 from tests import http_server, test_logging
 from tests.http_server import ProducerClient, RunningServer
 from tests.test_cli import ROOT, clean_env, free_port, wait_for
@@ -117,10 +120,23 @@ def _connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
 
 
+def _read_until_closed(sock: socket.socket, limit: int = 1 << 20) -> bytes:
+    """Everything the server sends until it closes (a timeout fails: it kept it open)."""
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while len(received) < limit:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    return received
+
+
 # ---------------------------------------------------------- 4. unbounded request headers
 
 
 MB = 1024 * 1024
+KEEP_ALIVE_SECONDS = uvicorn.Config(app=None).timeout_keep_alive
 
 
 @pytest.mark.timeout(90)
@@ -173,7 +189,88 @@ async def test_too_many_headers_are_refused(
     response = await client.get("/healthz", headers=headers)
     assert response.status_code == 431, response.text
     assert response.json()["error"] == "too_many_headers"
+    assert response.headers["connection"] == "close"
     assert (await client.get("/healthz", headers=dict(list(headers.items())[:50]))).is_success
+
+
+def test_a_431_closes_the_connection(gateway_server: RunningServer) -> None:
+    many = "".join(f"x-h-{i}: v\r\n" for i in range(150))
+    request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}\r\n".encode()
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(request)
+        # Closed at once, not kept alive until uvicorn's keep-alive timeout (5 s).
+        sock.settimeout(KEEP_ALIVE_SECONDS / 2)
+        reply = _read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 431"), reply
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", reply) == [b"431"]
+
+
+# ------------------------------------------------------------ 7. unbounded chunked trailers
+
+
+def _flood_trailers(port: int, head: bytes, line: bytes, limit: int) -> tuple[int, bytes]:
+    """Send `head`, then `line` over and over (64 KiB writes) until the server closes or
+    `limit` bytes went out; (bytes sent, what the server answered)."""
+    sent = 0
+    with _connect(port) as sock:
+        sock.sendall(head)
+        block = line * max(1, (64 * 1024) // len(line))
+        with contextlib.suppress(OSError):  # the server closes on us (reset, broken pipe)
+            while sent < limit:
+                sock.sendall(block)
+                sent += len(block)
+        sock.settimeout(10)
+        reply = _read_until_closed(sock)
+    return sent, reply
+
+
+CHUNKED_PROBE = (
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
+)
+CHUNKED_CLAIM = (
+    b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("head", "line", "answered"),
+    [
+        # A probe answers without reading its body: when its answer went out before the
+        # limit was reached, the connection is closed without a second answer.
+        (CHUNKED_PROBE, b"X-Trailer: " + b"t" * 40 + b"\r\n", {b"200", b"431"}),
+        # a route that reads its body first: 431, then closed
+        (CHUNKED_CLAIM, b"X-Trailer: " + b"t" * 40 + b"\r\n", {b"431"}),
+        # one trailer line that never ends
+        (CHUNKED_CLAIM, b"X-Endless: " + b"e" * 1000, {b"431"}),
+    ],
+    ids=["probe-many-lines", "claim-many-lines", "claim-one-endless-line"],
+)
+def test_endless_trailers_are_refused_and_the_connection_closed(
+    tmp_path: Path, head: bytes, line: bytes, answered: set[bytes]
+) -> None:
+    with gateway_process(tmp_path) as gateway:
+        before = gateway.rss_bytes()
+        sent, reply = _flood_trailers(gateway.port, head, line, 64 * MB)
+        grown = gateway.rss_bytes() - before
+        assert sent < 64 * MB, "the server read 64 MB of trailers"
+        statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)
+        assert len(statuses) == 1 and statuses[0] in answered, reply[:300]
+        assert grown < 16 * MB, f"RSS grew by {grown / MB:.1f} MB"
+        assert httpx.get(gateway.base + "/healthz", timeout=5).status_code == 200
+
+
+def test_trailers_within_the_limits_are_accepted(gateway_server: RunningServer) -> None:
+    request = CHUNKED_CLAIM + b"X-Checksum: abc\r\n\r\n"
+    with socket.create_connection(_address(gateway_server), timeout=10) as sock:
+        sock.sendall(request)
+        reply = b""
+        while b"\r\n\r\n" not in reply or b"producer_token" not in reply:
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 201"), reply
 
 
 # ------------------------------------------------- 5. connections that never send a request
@@ -223,6 +320,18 @@ def test_connection_cap_answers_503_and_spares_established_streams(tmp_path: Pat
             assert next(lines).startswith("retry:")
             idle = [_connect(gateway.port) for _ in range(30)]
             try:
+                # Past the cap, within the probe reserve: probes are served, nothing else.
+                with _connect(gateway.port) as extra:
+                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    reply = extra.recv(4096)
+                assert reply.startswith(b"HTTP/1.1 200"), reply
+                with _connect(gateway.port) as extra:
+                    extra.sendall(b"GET /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    reply = _read_until_closed(extra)
+                assert reply.startswith(b"HTTP/1.1 503"), reply
+                assert b"too_many_connections" in reply and b"retry-after: 1" in reply.lower()
+                # Past the reserve too: refused at once, probes included.
+                idle += [_connect(gateway.port) for _ in range(PROBE_RESERVE)]
                 with _connect(gateway.port) as extra:
                     extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                     reply = extra.recv(4096)
@@ -252,3 +361,116 @@ def test_connection_cap_answers_503_and_spares_established_streams(tmp_path: Pat
                 if line.startswith("data: "):
                     assert line == 'data: "after"'
                     break
+
+
+# ------------------------------------------------ 8. one reader's share of the connections
+
+
+def _open_stream(port: int, path: str) -> tuple[socket.socket, bytes]:
+    """A raw SSE request; the socket and the response head (once its head is in)."""
+    sock = _connect(port)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, head
+        head += chunk
+    return sock, head
+
+
+@pytest.mark.timeout(90)
+def test_one_reader_holds_only_its_share_of_the_connections(tmp_path: Path) -> None:
+    secret = "s" * 40
+    env = {
+        "GATEWAY_API_KEYS": "operator-key-0123456789",
+        "GATEWAY_JWT_SECRET": secret,
+        "GATEWAY_MAX_CONNECTIONS": "10",
+        "GATEWAY_SUBJECT_STREAM_SHARE": "0.4",  # 4 of the 10
+    }
+    with (
+        gateway_process(tmp_path, **env) as gateway,
+        httpx.Client(base_url=gateway.base, timeout=10) as client,
+    ):
+        auth = {"Authorization": "Bearer operator-key-0123456789"}
+        run_id = client.post("/v1/runs", json={}, headers=auth).json()["run_id"]
+        alice = mint_subscriber_token(secret, runs=[run_id], subject="alice")
+        alice_again = mint_subscriber_token(secret, runs=[run_id], subject="alice", ttl_seconds=99)
+        bob = mint_subscriber_token(secret, runs=[run_id], subject="bob")
+        path = f"/v1/runs/{run_id}/stream?access_token="
+        held: list[socket.socket] = []
+        try:
+            for _ in range(4):
+                sock, head = _open_stream(gateway.port, path + alice)
+                held.append(sock)
+                assert head.startswith(b"HTTP/1.1 200"), head
+            # The fifth, with the same subject in another token, is refused: 429.
+            sock, head = _open_stream(gateway.port, path + alice_again)
+            sock.close()
+            assert head.startswith(b"HTTP/1.1 429"), head
+            assert b"retry-after: 1" in head.lower()
+            waited = client.get(f"/v1/runs/{run_id}/wait?timeout=1&access_token={alice}")
+            assert waited.status_code == 429 and waited.json()["error"] == "too_many_streams"
+            assert waited.headers["retry-after"] == "1"
+            # Everyone else is served: another reader, an API key, the probes.
+            sock, head = _open_stream(gateway.port, path + bob)
+            held.append(sock)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert client.get("/v1/sessions", headers=auth).status_code == 200
+            assert client.get("/readyz").status_code == 200
+            # One of alice's streams closes: her share has room again.
+            held.pop(0).close()
+
+            def admitted() -> bool:
+                sock, head = _open_stream(gateway.port, path + alice_again)
+                if head.startswith(b"HTTP/1.1 200"):
+                    held.append(sock)
+                    return True
+                sock.close()
+                assert head.startswith(b"HTTP/1.1 429"), head
+                return False
+
+            wait_for(admitted, 10, "alice's stream once one of hers closed")
+        finally:
+            for sock in held:
+                sock.close()
+
+
+async def test_the_share_covers_every_kind_of_stream(key_prefix: str) -> None:
+    """Run streams, the LangGraph path, the session feed and /wait count as one share."""
+    secret = "s" * 40
+    settings = http_server.make_settings(
+        "memory",
+        None,
+        key_prefix,
+        api_keys=("operator-key-0123456789",),
+        jwt_secret=secret,
+        max_connections=40,
+        subject_stream_share=0.1,  # 4 of the 40
+    )
+    auth = {"Authorization": "Bearer operator-key-0123456789"}
+    with http_server.serve(settings) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+            claim = (await client.post("/v1/runs", json={"session_id": "s1"}, headers=auth)).json()
+            run_id = claim["run_id"]
+            token = mint_subscriber_token(secret, sessions=["s1"], subject="alice")
+            reader = {"Authorization": f"Bearer {token}"}
+            paths = [
+                f"/v1/runs/{run_id}/stream",
+                f"/threads/s1/runs/{run_id}/stream",
+                "/v1/sessions/s1/stream",
+                f"/v1/runs/{run_id}/stream",
+            ]
+            async with contextlib.AsyncExitStack() as stack:
+                for path in paths:
+                    response = await stack.enter_async_context(
+                        client.stream("GET", path, headers=reader)
+                    )
+                    assert response.status_code == 200, path
+                for path in [*paths, f"/v1/runs/{run_id}/wait?timeout=1"]:
+                    refused = await client.get(path, headers=reader)
+                    assert refused.status_code == 429, path
+                    assert refused.json()["error"] == "too_many_streams"
+                    assert refused.headers["retry-after"] == "1"
+                # The operator's key is a reader of its own.
+                async with client.stream("GET", paths[0], headers=auth) as response:
+                    assert response.status_code == 200

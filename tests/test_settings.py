@@ -12,12 +12,13 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from gateway.cli import ConfigError, build_settings, given_settings, serve
-from gateway.settings import Settings
+from gateway.settings import Settings, UnknownSettingsWarning
 
 FIELDS = dict(Settings.model_fields)
 # Samples that are valid only beside another setting (a rule over several settings).
 COMPANIONS: dict[str, dict[str, str]] = {
     "workers": {"GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"},
+    "jwt_previous_secrets": {"GATEWAY_JWT_SECRET": "s" * 40},
 }
 
 
@@ -39,6 +40,10 @@ def sample(name: str, field: FieldInfo) -> tuple[list[str], Any]:
         return ["localhost"], "localhost"
     if name == "jwt_secret":
         return ["s" * 40], "s" * 40
+    if name == "subject_stream_share":
+        return ["0.5"], 0.5
+    if name == "jwt_previous_secrets":
+        return ["p" * 40, "q" * 40], ("p" * 40, "q" * 40)
     if name == "cors_origins":
         return ["http://a.example", "https://b.example"], ("http://a.example", "https://b.example")
     if annotation is bool:
@@ -109,10 +114,115 @@ def test_unprefixed_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> No
     assert settings.api_keys == () and settings.stream_ttl_seconds == 86_400
 
 
-def test_an_unknown_gateway_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GATEWAY_API_KEY", "k1")  # not a setting: it is GATEWAY_API_KEYS
-    with pytest.raises(ConfigError, match="unknown settings in the environment: GATEWAY_API_KEY"):
-        build_settings({})
+@pytest.mark.parametrize(
+    ("variable", "meant"),
+    [
+        ("GATEWAY_API_KEY", "GATEWAY_API_KEYS"),
+        ("GATEWAY_JWT_SECRETS", "GATEWAY_JWT_SECRET"),
+        ("GATEWAY_HEARTBEAT_INTERVAL", "GATEWAY_HEARTBEAT_INTERVAL_SECONDS"),
+        ("gateway_max_connection", "GATEWAY_MAX_CONNECTIONS"),
+    ],
+)
+def test_a_likely_typo_of_a_setting_is_refused(
+    variable: str, meant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It would leave the setting it was meant for at its default, silently.
+    monkeypatch.setenv(variable, "k1")
+    with pytest.raises(ConfigError) as caught:
+        build_settings({}, notes=[])
+    assert f"unknown settings in the environment: {variable.upper()}" in str(caught.value)
+    assert f"did you mean {meant}?" in str(caught.value)
+
+
+# What Kubernetes gives every container of a namespace with a Service named `gateway`.
+SERVICE_LINKS = {
+    "GATEWAY_SERVICE_HOST": "10.0.0.1",
+    "GATEWAY_SERVICE_PORT": "80",
+    "GATEWAY_SERVICE_PORT_HTTP": "80",
+    "GATEWAY_PORT": "tcp://10.0.0.1:80",
+    "GATEWAY_PORT_80_TCP": "tcp://10.0.0.1:80",
+    "GATEWAY_PORT_80_TCP_PROTO": "tcp",
+    "GATEWAY_PORT_80_TCP_PORT": "80",
+    "GATEWAY_PORT_80_TCP_ADDR": "10.0.0.1",
+}
+
+
+def test_unknown_variables_are_ignored_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**SERVICE_LINKS, "GATEWAY_PYTHON": "/usr/bin/python3"}.items():
+        monkeypatch.setenv(name, value)
+    notes: list[str] = []
+    settings = build_settings({}, notes)
+    assert settings.port == 8000  # the service link's tcp://… is not a port: ignored
+    assert len(notes) == 1
+    for name in [*SERVICE_LINKS, "GATEWAY_PYTHON"]:
+        assert name + "," in notes[0] + ",", name
+    # Library users get the same as a Python warning.
+    with pytest.warns(UnknownSettingsWarning, match="GATEWAY_SERVICE_HOST"):
+        Settings()
+    monkeypatch.setenv("GATEWAY_PORT", "9001")  # a real port is still read
+    assert build_settings({}, []).port == 9001
+
+
+def test_a_service_link_port_does_not_hide_a_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_PORT", "tcp://10.0.0.1:80")
+    assert build_settings({"port": 8123}, []).port == 8123
+
+
+@pytest.mark.parametrize(
+    ("given", "normal"),
+    [
+        ("https://App.Example.com", "https://app.example.com"),
+        ("HTTPS://app.example.com:443", "https://app.example.com"),
+        ("http://x.example:80/", "http://x.example"),
+        ("https://x.example:80", "https://x.example:80"),
+        ("http://localhost:08080", "http://localhost:8080"),
+        ("http://[::1]:3000", "http://[::1]:3000"),
+        ("http://[FE80::1]", "http://[fe80::1]"),
+    ],
+)
+def test_cors_origins_are_normalised_to_what_browsers_send(given: str, normal: str) -> None:
+    assert Settings(cors_origins=(given,)).cors_origins == (normal,)
+
+
+@pytest.mark.parametrize(
+    ("origin", "needle"),
+    [
+        ("https://app.example.com/path", "is not an origin"),
+        ("app.example.com", "is not an origin"),
+        ("ftp://app.example.com", "is not an origin"),
+        ("https://app.example.com:70000", "out of range"),
+        ("https://app.example.com:0", "out of range"),
+        ("https://bücher.example", "is not an origin"),
+    ],
+)
+def test_a_cors_origin_that_could_never_match_is_refused(origin: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        build_settings({"cors_origins": (origin,)})
+
+
+def test_duplicate_origins_after_normalising_are_kept_once() -> None:
+    settings = Settings(cors_origins=("https://A.example", "https://a.example:443"))
+    assert settings.cors_origins == ("https://a.example",)
+
+
+def test_open_mode_with_any_origin_is_refused_unless_forced() -> None:
+    with pytest.raises(ConfigError, match="--allow-open-any-origin"):
+        build_settings({"cors_origins": ("*",)})
+    assert Settings(cors_origins=("*",), allow_open_any_origin=True).cors_origins == ("*",)
+    assert Settings(cors_origins=("*",), api_keys=("k1",)).cors_origins == ("*",)
+    assert Settings(cors_origins=("*",), jwt_secret="s" * 40).cors_origins == ("*",)
+    # A list of origins the operator trusts stays allowed in open mode.
+    assert Settings(cors_origins=("http://localhost:3000",)).cors_origins
+
+
+def test_previous_jwt_secrets_are_checked_and_need_a_current_one() -> None:
+    with pytest.raises(ConfigError, match="needs jwt_secret"):
+        build_settings({"jwt_previous_secrets": ("p" * 40,)})
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"jwt_secret": "s" * 40, "jwt_previous_secrets": ("short-old",)})
+    assert "at least 32 bytes" in str(caught.value) and "short-old" not in str(caught.value)
+    good = Settings(jwt_secret="s" * 40, jwt_previous_secrets=("p" * 40,))
+    assert "p" * 40 not in repr(good)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "gateway.example"])

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from ..values import RunInfo
 from .auth import Principal
 from .state import gateway_state
+from .subscriptions import READER_KEY
 
 
 def producer(request: Request) -> Principal:
@@ -23,10 +24,13 @@ def operator(request: Request) -> Principal:
 
 
 def subscriber(request: Request) -> Principal:
-    """Authenticate a reader (401s) before anything about the run is revealed."""
-    return gateway_state(request).auth.authenticate_subscriber(
+    """Authenticate a reader (401s) before anything about the run is revealed. Who it is
+    goes on the scope for the stream it opens (its share of the open streams)."""
+    principal = gateway_state(request).auth.authenticate_subscriber(
         request.headers, request.query_params
     )
+    request.scope[READER_KEY] = principal.share_key
+    return principal
 
 
 def reader_of(principal: Principal, run: RunInfo) -> None:

@@ -50,6 +50,7 @@ from . import (
     ui_stream,
 )
 from .auth import Authenticator
+from .connections import subject_stream_limit
 from .cors import cors_app
 from .errors import handled_error_response, install_error_handlers
 from .guards import RequestGuard
@@ -76,7 +77,7 @@ async def _console(_request: Request) -> Response:
 
 
 def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starlette:
-    subscriptions = SubscriptionRegistry()
+    subscriptions = SubscriptionRegistry(subject_limit=subject_stream_limit(settings))
     state = GatewayState(
         settings=settings,
         subscriptions=subscriptions,

@@ -10,7 +10,11 @@ The model (docs/protocol.md §3.3):
   every configured key in constant time (SHA-256 digests, `hmac.compare_digest`, no
   early exit), so neither the matching key's position nor a prefix length leaks.
 - **Subscriber tokens** are JWTs signed with `Settings.jwt_secret` (HS256, HS384 or
-  HS512; every other `alg`, `none` included, is refused). Claims:
+  HS512; every other `alg`, `none` included, is refused). A token signed with one of
+  `Settings.jwt_previous_secrets` (older secrets, newest first) is accepted too, so a
+  secret rotates without ending every live token at once: new tokens are signed with
+  `jwt_secret`, and an old secret is dropped once the tokens it signed have expired.
+  Claims:
 
   ``exp``       required, unix seconds; past it the token is refused with `token_expired`.
   ``runs``      list of run ids the token may read.
@@ -26,6 +30,10 @@ The model (docs/protocol.md §3.3):
   operator routes.
 - **Open mode**: no API key and no JWT secret configured. Everything is allowed; the
   command line only permits it on a loopback bind (see `gateway.cli`).
+
+Each principal names who it is for the per-reader share of open streams
+(`Principal.share_key`, `subscriptions.py`): an API key (by its position in the list),
+a token's `sub`, or, for a token without one, the token itself. Open mode names nobody.
 
 Errors: no or unusable credentials -> `Unauthorized` (401 `unauthorized`); an expired
 token -> `TokenExpired` (401 `token_expired`); valid credentials that do not cover the
@@ -68,6 +76,8 @@ class Principal:
     kind: Literal["open", "api_key", "token"] = "token"
     # unix seconds after which a token is refused (its `exp` plus the leeway); None: never
     expires_at: float | None = None
+    # who holds the streams this principal opens (their per-reader share); None: open mode
+    share_key: str | None = None
 
     def may_read_run(self, run_id: str, session_id: str | None) -> bool:
         if self.full_access or run_id in self.runs:
@@ -87,7 +97,6 @@ class Principal:
 
 
 _OPEN: Final = Principal(full_access=True, kind="open")
-_API_KEY: Final = Principal(full_access=True, kind="api_key")
 
 
 def _digest(value: str) -> bytes:
@@ -139,44 +148,64 @@ class Authenticator:
         api_keys: Iterable[str] = (),
         jwt_secret: str | None = None,
         *,
+        previous_secrets: Iterable[str] = (),
         leeway_seconds: float = 0.0,
     ) -> None:
         keys = [k for k in api_keys if k]
         self._key_digests: tuple[bytes, ...] = tuple(_digest(k) for k in keys)
+        self._key_principals = tuple(
+            Principal(full_access=True, kind="api_key", share_key=f"key:{index}")
+            for index in range(len(keys))
+        )
         self._jwt_secret = jwt_secret or None
+        # Newest first: a current token verifies at the first try.
+        self._jwt_secrets: tuple[str, ...] = (
+            () if self._jwt_secret is None else (self._jwt_secret, *previous_secrets)
+        )
         self._leeway = leeway_seconds
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Authenticator:
-        return cls(settings.api_keys, settings.jwt_secret)
+        return cls(
+            settings.api_keys, settings.jwt_secret, previous_secrets=settings.jwt_previous_secrets
+        )
 
     @property
     def open_mode(self) -> bool:
         """True when no API key and no JWT secret are configured: everything is allowed."""
         return not self._key_digests and self._jwt_secret is None
 
-    def _is_api_key(self, credential: str) -> bool:
+    def _api_key(self, credential: str) -> Principal | None:
+        """The principal of the API key `credential` is, if it is one."""
         presented = _digest(credential)
-        matched = False
-        for digest in self._key_digests:  # every key, no early exit
-            matched |= hmac.compare_digest(presented, digest)
+        matched: Principal | None = None
+        for digest, principal in zip(self._key_digests, self._key_principals, strict=True):
+            if hmac.compare_digest(presented, digest):  # every key, no early exit
+                matched = principal
         return matched
 
+    def _claims(self, token: str) -> dict[str, Any]:
+        """The verified claims of `token`, trying each secret, newest first."""
+        for secret in self._jwt_secrets:
+            try:
+                claims: dict[str, Any] = jwt.decode(
+                    token,
+                    secret,
+                    algorithms=list(ALGORITHMS),
+                    options={"require": ["exp"]},
+                    leeway=self._leeway,
+                )
+            except jwt.InvalidSignatureError:
+                continue  # signed with another secret (or forged): try the next one
+            except jwt.ExpiredSignatureError:
+                raise TokenExpired("the subscriber token has expired") from None
+            except jwt.InvalidTokenError:
+                raise Unauthorized("invalid credentials") from None
+            return claims
+        raise Unauthorized("invalid credentials")
+
     def _decode(self, token: str) -> Principal:
-        if self._jwt_secret is None:
-            raise Unauthorized("invalid credentials")
-        try:
-            claims = jwt.decode(
-                token,
-                self._jwt_secret,
-                algorithms=list(ALGORITHMS),
-                options={"require": ["exp"]},
-                leeway=self._leeway,
-            )
-        except jwt.ExpiredSignatureError:
-            raise TokenExpired("the subscriber token has expired") from None
-        except jwt.InvalidTokenError:
-            raise Unauthorized("invalid credentials") from None
+        claims = self._claims(token)
         subject = claims.get("sub")
         return Principal(
             full_access=False,
@@ -185,6 +214,11 @@ class Authenticator:
             subject=subject if isinstance(subject, str) else None,
             kind="token",
             expires_at=float(claims["exp"]) + self._leeway,
+            share_key=(
+                f"sub:{subject}"
+                if isinstance(subject, str) and subject
+                else "token:" + _digest(token).hex()[:32]
+            ),
         )
 
     # -- producer / operator ------------------------------------------------------------
@@ -196,8 +230,9 @@ class Authenticator:
         credential = _bearer(headers)
         if credential is None:
             raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
-        if self._is_api_key(credential):
-            return _API_KEY
+        key = self._api_key(credential)
+        if key is not None:
+            return key
         if self._jwt_secret is not None and credential.count(".") == 2:
             # A well-formed subscriber token on a producer route: authenticated, not allowed.
             self._decode(credential)
@@ -216,8 +251,9 @@ class Authenticator:
             return _OPEN
         credential = _bearer(headers)
         if credential is not None:
-            if self._is_api_key(credential):
-                return _API_KEY
+            key = self._api_key(credential)
+            if key is not None:
+                return key
             return self._decode(credential)
         token = query_params.get("access_token")
         if not token:

@@ -39,6 +39,7 @@ from ..errors import (
     SessionMismatch,
     StreamEnded,
     TooManyAppendStreams,
+    TooManyStreams,
     Unauthorized,
 )
 from .observe import ErrorSignal, note_error, note_http_error
@@ -110,6 +111,7 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
         BackendUnavailable: ErrorRule(503, _RETRY_LATER, signal="backend_unavailable"),
         Unauthorized: ErrorRule(401, MappingProxyType({"WWW-Authenticate": "Bearer"})),
         Forbidden: ErrorRule(403),
+        TooManyStreams: ErrorRule(429, _RETRY_LATER),
     }
 )
 

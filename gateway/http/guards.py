@@ -54,7 +54,9 @@ class RequestGuard:
 
     async def refuse(self, scope: Scope, send: Send, refusal: tuple[int, str, str]) -> None:
         status, code, detail = refusal
-        response = json_response({"error": code, "detail": detail}, status)
+        # After a 431 the connection is closed: nothing more is read from a flooding client.
+        headers = {"connection": "close"} if status == 431 else None
+        response = json_response({"error": code, "detail": detail}, status, headers)
         await response(scope, _no_receive, send)
 
 

@@ -47,7 +47,7 @@ from .routing import SSERoute
 from .sse import COALESCE_BYTES, Outcome, SSEResponse, StreamState, _Stream
 from .state import GatewayState, gateway_state
 from .subscriber import cursor_of
-from .subscriptions import SubscriptionRegistry
+from .subscriptions import READER_KEY, SubscriptionRegistry
 
 Follow = Callable[[Callable[[str | None], None]], AsyncGenerator[FeedStep, None]]
 
@@ -131,7 +131,10 @@ class SessionFeedResponse(SSEResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         record = record_of(scope)
         self._request_id = None if record is None else record.request_id
-        with self._registry.track(None, "sse"):
+        reader: str | None = scope.get(READER_KEY)
+        if await self._over_share(scope, receive, send, reader):
+            return
+        with self._registry.track(None, "sse", reader):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": list(self._sse_headers)}
             )

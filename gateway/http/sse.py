@@ -66,18 +66,19 @@ from enum import Enum, StrEnum
 from typing import Any, Final, Literal
 
 import anyio
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from ..bridge.base import close_subscription
-from ..errors import BackendUnavailable, BridgeClosed
+from ..errors import BackendUnavailable, BridgeClosed, TooManyStreams
 from ..values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
-from .errors import public_detail
+from .errors import handled_error_response, public_detail
 from .frames import RUN, Framing
 from .metrics import Metrics, ResumeOutcome
 from .observe import lifecycle, record_of
 from .send_watch import SendWatch
-from .subscriptions import SubscriptionRegistry
+from .subscriptions import READER_KEY, SubscriptionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,11 @@ class SSEResponse(Response):
         record = record_of(scope)
         self._request_id = None if record is None else record.request_id
         self._started_ms = time.time() * 1000
-        with self._registry.track(self.run_id, "sse"):
+        reader: str | None = scope.get(READER_KEY)
+        # (an ended run's response is over at once: it needs no share)
+        if self._subscribe is not None and await self._over_share(scope, receive, send, reader):
+            return
+        with self._registry.track(self.run_id, "sse", reader):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": list(self._sse_headers)}
             )
@@ -166,6 +171,21 @@ class SSEResponse(Response):
             finally:
                 if record is not None:
                     record.outcome, record.events_delivered = stream.outcome, stream.sent
+
+    async def _over_share(
+        self, scope: Scope, receive: Receive, send: Send, reader: str | None
+    ) -> bool:
+        """Answer 429 (and say True) when `reader` already holds its share of the open
+        streams. Admitted, it returns without suspending: the caller tracks the stream
+        before any other request can be admitted."""
+        try:
+            self._registry.admit(reader)
+        except TooManyStreams as exc:
+            response = handled_error_response(Request(scope, receive), exc)
+            assert response is not None  # a GatewayError always has an answer
+            await response(scope, receive, send)
+            return True
+        return False
 
     def _count_resume(self, outcome: ResumeOutcome) -> None:
         if self._metrics is not None:

@@ -217,7 +217,11 @@ async def wait_run(request: Request) -> Response:
             inner.cancel_scope.cancel()
         scope.cancel()
 
-    with state.subscriptions.track(run_id, "wait"), anyio.move_on_after(timeout):
+    state.subscriptions.admit(principal.share_key)  # 429 at its share; tracked at once
+    with (
+        state.subscriptions.track(run_id, "wait", principal.share_key),
+        anyio.move_on_after(timeout),
+    ):
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow, tg.cancel_scope)
             tg.start_soon(watch_disconnect_or_drain, tg.cancel_scope)
