@@ -6,11 +6,19 @@
 -- ARGV[3]  "1" to take a live lease by force, else "0"
 -- ARGV[4]  session id, "" for none (kept from the first claim once set)
 -- ARGV[5]  rolling TTL of the run's keys, ms
+-- ARGV[6]  the turn's order in its session ("" when the claim opens no turn: no
+--          session, or a retired one); session_claim.lua handed it out just before
+-- ARGV[7]  the shaped operator message the turn opens with (JSON), "" for none
+-- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)  (turn_fold.lua)
+--
+-- A claim that succeeds with a session opens the run's turn record in this same step
+-- (once: a takeover claim keeps it).
 --
 -- Returns {"ok", epoch, lease_until_ms, session_id_or_""}
 --       | {"owned", lease_until_ms}      a live lease is held and ARGV[3] is "0"
 --       | {"ended", status}              the run already has an END
 --       | {"session", session_id_or_""}  ARGV[4] names a session the run is not in
+--! include turn_fold
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
@@ -45,4 +53,7 @@ redis.call('HSET', KEYS[1],
   'session', session)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
+if session ~= '' and session == ARGV[4] and ARGV[6] ~= '' then
+  turn_guarded(turn_open, KEYS[3], session, ARGV[6], ARGV[7], now, ARGV[5])
+end
 return {'ok', epoch, string.format('%d', new_until), session}

@@ -12,6 +12,10 @@
 -- ARGV[5]  trim slack: events past ARGV[2] tolerated before trimming (0: always exact)
 -- ARGV[6]  the batch's producer sequence number, "" when unnumbered (see below)
 -- ARGV[7..] event name, JSON payload, event name, JSON payload, ...
+-- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
+--
+-- A run of a session has a turn record (claim.lua opens it); the events fold into it
+-- here, in the same step as the append (turn_fold.lua), so it never lags the log.
 --
 -- Every publish renews the lease by the length the producer claimed it for, and
 -- SPUBLISHes on the shard channel named like the log key (so in this script's slot: on a
@@ -42,6 +46,7 @@
 --       | {"sequence_gap" | "sequence_conflict", next_expected_seq}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
+--! include turn_fold
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
@@ -186,6 +191,11 @@ if refresh then
     redis.call('PEXPIRE', KEYS[2], ttl)
     if remove_at > 0 then redis.call('HDEL', KEYS[1], 'remove_at') end
   end
+end
+-- The turn record follows the append in this same step (turn_fold.lua): only the events
+-- appended now (an overlapping numbered batch folded its first `skip` events before).
+if meta[6] and meta[6] ~= '' and KEYS[3] then
+  turn_guarded(turn_fold, KEYS[3], KEYS[4], 7 + 2 * skip, now, ttl, refresh)
 end
 -- Wake the gateways following this run (the channel is the log key's name).
 if tail and #push == count then

@@ -14,6 +14,11 @@
 -- ARGV[4]  "1" to run the legacy END scan, else "0"
 -- ARGV[5]  how long the finished log stays readable, ms
 -- ARGV[6]  TTL of the run record after END, ms
+-- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
+--
+-- Whenever the run settles (an END written, found, or a record marked ended), the turn
+-- record takes the END status in this same step (turn_fold.lua), so a de-duplicated END
+-- or a retry after a lost reply can never leave it running.
 --
 -- The record keeps the END (status, id, error, and who wrote it: `end_by`, the token,
 -- "-" for a recovery END, "?" for an END found in the log), so readers learn how a run ended after its log is gone.
@@ -24,6 +29,7 @@
 --       | {"recorded", session}    recovery END of a run that never wrote a log: only
 --                                  the record is marked, no log is created
 --       | {"fenced", "token" | "lease_expired" | "lease_live" | "ended_by_another"}
+--! include turn_fold
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
@@ -39,6 +45,7 @@ local function settle(end_id, status, by)
     'updated', string.format('%d', now), 'lease_until', '0', 'end_by', by)
   if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[3]) end
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  if KEYS[3] then turn_guarded(turn_end, KEYS[3], KEYS[4], status, now, ARGV[6]) end
   local remove_at = tonumber(meta[8] or '0')
   if remove_at > now and remove_at - now < tonumber(ARGV[5]) then
     redis.call('PEXPIRE', KEYS[2], remove_at - now)

@@ -1,30 +1,45 @@
--- session_delete.lua: retire or clear a session, atomically with its active-turn check.
--- One slot: every key carries the `{session_id}` hash tag. The turn hashes are addressed
--- as ARGV[3] .. run_id (same tag, same slot) because their ids are only known here.
+-- session_delete.lua: retire, clear, or prune a session's index. One slot: the
+-- `{session_id}` keys. The turn records live in their runs' slots: the caller removes
+-- them (with the run logs) from the run ids this returns.
 --
--- KEYS[1]  tombstone   KEYS[2]  session meta   KEYS[3]  turns zset   KEYS[4]  expiries zset
--- ARGV[1]  "retire" | "clear"
--- ARGV[2]  tombstone value (retire time, seconds)
--- ARGV[3]  turn key prefix (`<prefix>session:{<id>}:turn:`)
---
--- retire: writes the durable tombstone (no TTL, never evicted by us), then deletes every
---         turn. Returns {"ok", run_id...}.
--- clear:  {"active", run_id} when a turn is `running` (nothing deleted); otherwise deletes
---         every turn and the session's lists and returns {"ok", run_id...}.
-local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
-if ARGV[1] == 'clear' then
-  for _, id in ipairs(ids) do
-    if redis.call('HGET', ARGV[3] .. id, 'state') == 'running' then
-      return {'active', id}
+-- KEYS[1]  tombstone   KEYS[2]  session meta   KEYS[3]  order zset
+-- ARGV[1]  "retire" | "clear" | "prune" | "persist"
+-- retire:  ARGV[2] tombstone value. Writes the durable tombstone (no TTL), then drops the
+--          index. Returns {"ok", run_id...}.
+-- clear:   ARGV[2] the session's `seq` the caller saw when it checked that no turn is
+--          running. {"moved"} when a claim took an order since (nothing deleted: check
+--          again); otherwise drops the index (the counter is kept: an order is never
+--          handed out twice) and returns {"ok", run_id...}.
+-- prune:   ARGV[2..] run_id, order, ...: entries whose record the caller found gone;
+--          removed while they still have that order. Returns {"ok"}.
+-- persist: the session holds a parked turn: its keys lose their TTL. Returns {"ok"}.
+local op = ARGV[1]
+if op == 'prune' then
+  for i = 2, #ARGV, 2 do
+    if redis.call('ZSCORE', KEYS[3], ARGV[i]) == ARGV[i + 1] then
+      redis.call('ZREM', KEYS[3], ARGV[i])
+      redis.call('HDEL', KEYS[2], 'c:' .. ARGV[i])
     end
+  end
+  return {'ok'}
+end
+if op == 'persist' then
+  redis.call('PERSIST', KEYS[2])
+  redis.call('PERSIST', KEYS[3])
+  return {'ok'}
+end
+if op == 'clear' then
+  if (redis.call('HGET', KEYS[2], 'seq') or '0') ~= ARGV[2] then
+    return {'moved'}
   end
 else
   redis.call('SET', KEYS[1], ARGV[2])
 end
 local out = {'ok'}
-for _, id in ipairs(ids) do
-  redis.call('DEL', ARGV[3] .. id)
+for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   out[#out + 1] = id
+  redis.call('HDEL', KEYS[2], 'c:' .. id)
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[3])
+if op == 'retire' then redis.call('DEL', KEYS[2]) end
 return out

@@ -1,34 +1,35 @@
--- session_read.lua: one session's index row (and optionally its newest turn ids), after
--- dropping list entries of expired turns (bounded work). One slot: `{session_id}` keys.
+-- session_read.lua: one session's index row and some of its run ids by order. One slot:
+-- `{session_id}` keys. The turn records themselves are in their runs' slots: the caller
+-- reads them next, and drops entries whose record is gone (session_delete.lua "prune").
 --
--- KEYS[1]  tombstone   KEYS[2]  session meta   KEYS[3]  turns zset   KEYS[4]  expiries zset
--- ARGV[1]  prune budget (expired entries dropped per call, at most)
--- ARGV[2]  how many turn ids to return, newest last_updated first (0 = none)
+-- KEYS[1]  tombstone   KEYS[2]  session meta   KEYS[3]  order zset
+-- ARGV[1]  how many run ids to return (0 = only one)
+-- ARGV[2]  "" for the newest, highest order first; else an order: those above it,
+--          lowest first
 --
 -- Returns {"retired"}
---       | {"ok", last_updated or "", last_state or "", turn count, run_id...}
+--       | {"ok", last_updated or "", entry count, seq, now (ms, the server's clock),
+--          run_id, order, claimed (ms, "" if unknown), run_id, order, claimed, ...}
+--         (seq: the last order handed out, what a clear compares)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'retired'}
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, tonumber(ARGV[1]))
-for _, id in ipairs(dead) do
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-end
 local count = redis.call('ZCARD', KEYS[3])
-if count == 0 then
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-  return {'ok', '', '', 0}
+local meta = redis.call('HMGET', KEYS[2], 'last_updated', 'seq')
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local out = {'ok', meta[1] or '', count, meta[2] or '0', now}
+local want = math.max(tonumber(ARGV[1]), 1)
+local ids
+if (ARGV[2] or '') == '' then
+  ids = redis.call('ZREVRANGE', KEYS[3], 0, want - 1, 'WITHSCORES')
+else
+  ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHSCORES',
+    'LIMIT', 0, want)
 end
-local meta = redis.call('HMGET', KEYS[2], 'last_updated', 'last_state')
-local out = {'ok', meta[1] or '', meta[2] or '', count}
-local want = tonumber(ARGV[2])
-if want > 0 then
-  local ids = redis.call('ZREVRANGE', KEYS[3], 0, want - 1)
-  for _, id in ipairs(ids) do
-    out[#out + 1] = id
-  end
+for i = 1, #ids, 2 do
+  out[#out + 1] = ids[i]
+  out[#out + 1] = ids[i + 1]
+  out[#out + 1] = redis.call('HGET', KEYS[2], 'c:' .. ids[i]) or ''
 end
 return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import anyio
 import httpx
 import pytest
 
+from gateway.bridge.memory import MemoryStreamBridge
 from gateway.bridge.provider import open_bridge
 from gateway.http.auth import mint_subscriber_token
 from gateway.sessions.feed import TurnOpened, follow_session
@@ -298,15 +298,24 @@ async def test_a_gap_inside_a_turn_ends_the_feed(
         gateway_server.wait_open_sse(0)
 
 
-async def test_a_turn_whose_log_is_gone_closes_with_its_recorded_end(
+async def test_resuming_inside_a_turn_whose_log_is_gone_is_a_gap(
     client: httpx.AsyncClient,
 ) -> None:
+    """PROTOCOL §7: the same answer as the run stream with the same cursor (its bounds and
+    `stream_removed`), never a bare `turn_end` that reads as "nothing was missed"."""
     with anyio.fail_after(TIMEOUT):
-        await turn(client, "s8", "s8-r1", ["a"])
+        _, ids = await turn(client, "s8", "s8-r1", ["a", "b"])
         assert (await client.delete("/v1/runs/s8-r1")).status_code == 204
-        async with open_feed(client, "s8", "s8-r1/0-0") as feed:
-            assert_turn_end((await feed.events(1))[0], "s8-r1")
-            await feed.heartbeat()  # and the feed waits for the next turn
+        for position in ("0-0", ids[0]):
+            async with open_feed(client, "s8", f"s8-r1/{position}") as feed:
+                (frame,) = await feed.events(1)
+                assert (frame.event, frame.id) == ("gap", "s8-r1/gap")
+                data = frame.json()
+                assert data["reason"] == "stream_removed" and data["run_id"] == "s8-r1"
+                assert data["requested_event_id"] == position
+                assert await feed.next() is None  # the feed ends at the gap
+            run = await client.get("/v1/runs/s8-r1/stream", headers={"Last-Event-ID": position})
+            assert "stream_removed" in run.text
 
 
 async def test_a_turn_whose_producer_died_is_ended_by_the_liveness_monitor(
@@ -488,28 +497,30 @@ async def test_on_a_redis_cluster_turns_and_retirement_reach_the_feed(
 
 
 class CountingStore(MemorySessionStore):
-    """The memory store, counting the turn-list reads the feeds make."""
+    """The memory store, counting the reads of "the next turn" the feeds make."""
 
     reads = 0
 
-    async def list_turns(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    async def turns_after(
+        self, session_id: str, after: int, limit: int = 50
+    ) -> list[dict[str, Any]]:
         self.reads += 1
-        return await super().list_turns(session_id, limit)
+        return await super().turns_after(session_id, after, limit)
 
 
 async def test_feeds_of_one_session_share_the_turn_reads_a_new_turn_causes() -> None:
     settings = Settings(heartbeat_interval_seconds=5)
-    store = CountingStore(settings)
     async with open_bridge(settings) as bridge:
+        assert isinstance(bridge, MemoryStreamBridge)
+        store = bridge.sessions = CountingStore(settings)  # the store the bridge writes
         feeds = [follow_session(bridge, store, "shared", None, 5.0) for _ in range(50)]
         with anyio.fail_after(TIMEOUT):
             firsts = [asyncio.ensure_future(anext(feed)) for feed in feeds]
-            await wait_all_idle(lambda: store.reads == 50)  # each feed's own first read
-            await bridge.claim("shared-r1", session_id="shared")
-            await store.start_turn("shared", "shared-r1", MESSAGE, time.time())
+            await wait_all_idle(lambda: store.reads == 1)  # one "next turn?" read for all
+            await bridge.claim("shared-r1", session_id="shared", input_message=MESSAGE)
             steps = await asyncio.gather(*firsts)
         assert all(isinstance(items[0], TurnOpened) for _, items in steps)
-        assert store.reads == 51, store.reads  # one read for all 50, not one each
+        assert store.reads == 2, store.reads  # one read for all 50, not one each
         for feed in feeds:
             await feed.aclose()
 

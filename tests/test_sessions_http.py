@@ -5,7 +5,7 @@ itself (both backends) is tests/test_sessions_store.py."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -16,6 +16,7 @@ from gateway.bridge.memory import MemoryStreamBridge
 from gateway.http import sessions_routes
 from gateway.http.app import create_app
 from gateway.http.auth import mint_subscriber_token
+from gateway.http.state import gateway_state
 from gateway.settings import Settings
 from tests.http_server import ProducerClient, make_settings, serve
 from tests.redis_servers import RedisServer
@@ -55,15 +56,17 @@ async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def turn(app: Starlette, session: str, run: str, *events: tuple[str, Any]) -> None:
-    req: Any = _Req(app)
-    await sessions_routes.record_claim(
-        req,
-        session,
+async def turn(app: Starlette, session: str, run: str, *events: tuple[str, Any]) -> str:
+    """A turn written as a producer writes it: through the bridge (which records it)."""
+    bridge = gateway_state(cast(Any, _Req(app))).bridge
+    claim = await bridge.claim(
         run,
-        {"messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "q"}]},
+        session_id=session,
+        input_message={"messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "q"}]},
     )
-    await sessions_routes.record_events(req, session, run, list(events))
+    if events:
+        await bridge.publish_many(run, list(events), producer_token=claim.token)
+    return claim.token
 
 
 def token(*sessions: str) -> dict[str, str]:
@@ -122,10 +125,12 @@ async def test_clear_409_while_running_then_retire(
     app: Starlette, client: httpx.AsyncClient
 ) -> None:
     with anyio.fail_after(TIMEOUT):
-        await turn(app, "s", "r1", ("token", "streaming"))
+        producer = await turn(app, "s", "r1", ("token", "streaming"))
         res = await client.delete("/v1/sessions/s?retire=false", headers=OP)
         assert res.status_code == 409 and res.json()["error"] == "session_active"
-        await sessions_routes.record_end(_Req(app), "s", "r1", "success")  # type: ignore[arg-type]
+        bridge = gateway_state(cast(Any, _Req(app))).bridge
+        await bridge.publish_end("r1", "success", producer_token=producer)
+
         res = await client.delete("/v1/sessions/s?retire=false", headers=OP)
         assert res.status_code == 200
         assert res.json() == {"session_id": "s", "retired": False, "removed_runs": ["r1"]}
@@ -138,22 +143,30 @@ async def test_clear_409_while_running_then_retire(
         assert res.status_code == 200 and res.json() == {"turns": []}
 
 
-async def test_events_a_turn_does_not_fold_in_cost_the_session_store_nothing(
+async def test_the_turn_record_costs_no_round_trip_of_its_own(
     fresh_redis: RedisServer, key_prefix: str
 ) -> None:
-    # Only what Redis ran tells: the turn reads up to the turn's whole text, so a
-    # read per event would make a long answer's cost grow with its length.
+    # Only what Redis ran tells: each append is one script call that writes the turn
+    # record too (no session-store call after it), and an event no turn folds in makes
+    # the record cost nothing (publish.lua's own read of the run record only).
     settings = make_settings("redis", fresh_redis.url, key_prefix)
     with serve(settings, "redis") as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
             producer = await ProducerClient.claim(client, session_id="chat-quiet")
+            await producer.publish(("progress", {"step": -1}))  # the first write sets TTLs
             with fresh_redis.client() as raw:
                 raw.config_resetstat()
                 for n in range(20):
                     await producer.publish(("progress", {"step": n}))
                 calls = {name: stats["calls"] for name, stats in raw.info("commandstats").items()}
-                await producer.publish(("token", {"text": "hi"}))
+                raw.config_resetstat()
+                for _ in range(5):
+                    await producer.publish(("token", {"text": "hi"}))
                 after = {name: stats["calls"] for name, stats in raw.info("commandstats").items()}
-    assert calls.get("cmdstat_exists", 0) == 0, calls  # no retirement check
-    assert calls["cmdstat_hmget"] == 20, calls  # publish.lua's own read, nothing more
-    assert after["cmdstat_hmget"] > calls["cmdstat_hmget"] + 1, after  # a turn event does
+            res = await client.get("/v1/sessions/chat-quiet/turns")
+    assert calls["cmdstat_evalsha"] == 20, calls  # one call per append, nothing more
+    assert calls["cmdstat_hmget"] == 20, calls  # publish.lua's own read
+    assert "cmdstat_hget" not in calls and "cmdstat_exists" not in calls, calls
+    assert after["cmdstat_evalsha"] == 5, after  # the record is written by the append
+    assert after["cmdstat_append"] == 5, after  # O(piece) per token, not O(text)
+    assert res.json()["turns"][0]["text"] == "hi" * 5

@@ -15,15 +15,63 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from gateway.errors import InvalidInput, SessionActive
-from gateway.sessions import MemorySessionStore, RedisSessionStore, SessionStore
+from gateway.bridge.keys import run_keys
+from gateway.bridge.memory import MemoryStreamBridge
+from gateway.bridge.provider import open_bridge
+from gateway.bridge.redis import RedisStreamBridge
+from gateway.errors import InvalidInput, SessionActive, StreamEnded
+from gateway.sessions import SessionStore
 from gateway.sessions.keys import index_keys, session_keys
+from gateway.sessions.provider import session_store_for
 from gateway.settings import Settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 TIMEOUT = 15.0
 T0 = 1_700_000_000.0
+
+
+class Writes:
+    """A session store whose turns are written the way producers write them: through the
+    bridge (claim, append, END), which writes the records in its own steps; reads go to
+    the store. `now` drives the memory bridge's clock (Redis takes its own time). Each
+    write claims the run with takeover first, so synthetic times never lapse a lease."""
+
+    def __init__(self, bridge: Any, store: SessionStore, clock: list[float]) -> None:
+        self.bridge = bridge
+        self.store = store
+        self._clock = clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def _claim(self, session_id: str, run_id: str, message: Any, now: float) -> str | None:
+        self._clock[0] = now
+        try:
+            claim = await self.bridge.claim(
+                run_id, session_id=session_id, input_message=message, takeover=True
+            )
+        except StreamEnded:
+            return None
+        return str(claim.token)
+
+    async def start_turn(self, session_id: str, run_id: str, message: Any, now: float) -> bool:
+        await self._claim(session_id, run_id, message, now)
+        return not await self.store.is_retired(session_id)
+
+    async def apply_events(
+        self, session_id: str, run_id: str, events: list[tuple[str, Any]], now: float
+    ) -> bool:
+        token = await self._claim(session_id, run_id, None, now)
+        if token is not None and events:
+            await self.bridge.publish_many(run_id, events, producer_token=token)
+        return not await self.store.is_retired(session_id)
+
+    async def end_turn(self, session_id: str, run_id: str, status: str, now: float) -> bool:
+        token = await self._claim(session_id, run_id, None, now)
+        if token is not None:
+            await self.bridge.publish_end(run_id, status, producer_token=token)  # type: ignore[arg-type]
+        return not await self.store.is_retired(session_id)
 
 
 class Stores:
@@ -35,20 +83,26 @@ class Stores:
         self.redis_url = redis_url
         self.settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix)
         self.clients: list[Redis] = []
-        self._memory: MemorySessionStore | None = None
+        self.bridges: list[RedisStreamBridge] = []
+        self.clock = [T0]
+        self._memory: Writes | None = None
 
     def open(self) -> Any:
         if self.backend == "memory":
             if self._memory is None:
-                self._memory = MemorySessionStore(self.settings)
+                bridge = MemoryStreamBridge(self.settings, clock=lambda: self.clock[0])
+                self._memory = Writes(bridge, bridge.sessions, self.clock)
             return self._memory
         assert self.redis_url is not None
-        client = Redis.from_url(self.redis_url)
-        self.clients.append(client)
-        return RedisSessionStore(self.settings, client)
+        bridge = RedisStreamBridge.connect(self.settings)
+        self.bridges.append(bridge)
+        self.clients.append(Redis.from_url(self.redis_url))
+        return Writes(bridge, session_store_for(bridge, self.settings), self.clock)
 
     @property
     def redis(self) -> Redis:
+        if not self.clients:
+            self.open()
         return self.clients[0]
 
 
@@ -60,6 +114,8 @@ async def stores(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterat
     try:
         yield made
     finally:
+        for bridge in made.bridges:
+            await bridge.close()
         for client in made.clients:
             await client.aclose()
 
@@ -91,10 +147,12 @@ def ids(rows: list[Any]) -> list[str]:
 
 
 async def test_both_backends_satisfy_the_protocol(store: Any) -> None:
-    assert isinstance(store, SessionStore)
+    assert isinstance(store.store, SessionStore)
 
 
-async def test_index_newest_first_with_turn_count_and_limit(store: Any) -> None:
+async def test_index_newest_first_with_turn_count_and_limit(stores: Stores) -> None:
+    store = stores.open()
+    memory = stores.backend == "memory"  # Redis keeps its own time
     with anyio.fail_after(TIMEOUT):
         sessions = [sid() for _ in range(6)]
         for i, s in enumerate(sessions):
@@ -103,7 +161,7 @@ async def test_index_newest_first_with_turn_count_and_limit(store: Any) -> None:
         rows = await store.list_sessions(limit=4)
         assert ids(rows) == sessions[::-1][:4]
         assert [r["turn_count"] for r in rows] == [3, 2, 1, 3]
-        assert rows[0]["last_updated"] == T0 + 52
+        assert rows[0]["last_updated"] == T0 + 52 or not memory
         assert all(set(r) == {"session_id", "last_updated", "turn_count"} for r in rows)
         # activity on an old session moves it to the front
         run = rid()
@@ -111,7 +169,8 @@ async def test_index_newest_first_with_turn_count_and_limit(store: Any) -> None:
         await store.apply_events(sessions[0], run, [("token", {"text": "x"})], T0 + 101)
         rows = await store.list_sessions(limit=2)
         assert ids(rows) == [sessions[0], sessions[5]]
-        assert rows[0]["last_updated"] == T0 + 101 and rows[0]["turn_count"] == 2
+        assert rows[0]["last_updated"] == T0 + 101 or not memory
+        assert rows[0]["turn_count"] == 2
         assert ids(await store.list_sessions(limit=200)) == [sessions[0], *sessions[:0:-1]]
 
 
@@ -184,7 +243,8 @@ async def test_parked_narrows_to_sessions_whose_newest_turn_waits(store: Any) ->
         assert ids(await store.list_sessions(parked=True, limit=1)) == [asking]
 
 
-async def test_in_flight_turn_visible_with_partial_text(store: Any) -> None:
+async def test_in_flight_turn_visible_with_partial_text(stores: Stores) -> None:
+    store = stores.open()
     with anyio.fail_after(TIMEOUT):
         s, r = sid(), rid()
         await store.start_turn(s, r, message("what is 2+2?", incognito=True), T0)
@@ -193,7 +253,10 @@ async def test_in_flight_turn_visible_with_partial_text(store: Any) -> None:
         assert turn["run_id"] == r and turn["session_id"] == s
         assert turn["state"] == "running"
         assert turn["text"] == "It is 4"
-        assert turn["last_updated"] == T0 + 1 and turn["created_at"] == T0
+        if stores.backend == "memory":  # Redis keeps its own time
+            assert turn["last_updated"] == T0 + 1 and turn["created_at"] == T0
+        else:
+            assert turn["last_updated"] >= turn["created_at"] > T0
         assert turn["history"][0]["parts"] == [{"kind": "text", "text": "what is 2+2?"}]
         assert turn["history"][0]["metadata"] == {"incognito": True}
         await store.apply_events(s, r, [("artifact", {"artifactId": "a", "parts": []})], T0 + 2)
@@ -235,10 +298,11 @@ async def test_turns_limit_and_order(store: Any) -> None:
         runs = [rid() for _ in range(5)]
         for i, r in enumerate(runs):
             await store.start_turn(s, r, message(f"q{i}"), T0 + i)
-        # the first turn is updated last: ordering is by last_updated
+        # the first turn is updated last: ordering is still by the claims' order
         await store.apply_events(s, runs[0], [("token", "late answer")], T0 + 10)
         got = await store.list_turns(s, limit=3)
-        assert [t["run_id"] for t in got] == [runs[3], runs[4], runs[0]]
+        assert [t["run_id"] for t in got] == runs[2:]
+        assert [t["order"] for t in got] == [3, 4, 5]
         assert len(await store.list_turns(s, limit=200)) == 5
         assert await store.list_turns(sid()) == []
 
@@ -427,9 +491,9 @@ async def test_clear_and_retire_of_unknown_session(store: Any) -> None:
 async def test_memory_retention_follows_runs_and_spares_parked() -> None:
     with anyio.fail_after(TIMEOUT):
         clock = [T0]
-        store = MemorySessionStore(
-            Settings(stream_ttl_seconds=100, ended_ttl_seconds=10), clock=lambda: clock[0]
-        )
+        settings = Settings(stream_ttl_seconds=100, ended_ttl_seconds=10)
+        bridge = MemoryStreamBridge(settings, clock=lambda: clock[0])
+        store = Writes(bridge, bridge.sessions, clock)
         s = sid()
         done, parked, running = rid(), rid(), rid()
         for i, r in enumerate((done, parked, running)):
@@ -447,6 +511,7 @@ async def test_memory_retention_follows_runs_and_spares_parked() -> None:
         clock[0] += 11
         assert await store.list_turns(s) == []
         assert await store.list_sessions() == []
+        await bridge.close()
 
 
 def redis_only(stores: Stores) -> None:
@@ -460,47 +525,73 @@ async def test_redis_ttls_follow_run_retention(stores: Stores) -> None:
         store = stores.open()
         r_ = stores.redis
         s = sid()
-        keys = session_keys(stores.settings.redis_key_prefix, s)
+        prefix = stores.settings.redis_key_prefix
+        keys = session_keys(prefix, s)
         done, parked, running = rid(), rid(), rid()
         for i, r in enumerate((done, parked, running)):
             await store.start_turn(s, r, message(), T0 + i)
+        await store.apply_events(s, running, [("token", "x")], T0 + 3)
         await store.end_turn(s, done, "success", T0 + 3)
         await store.apply_events(s, parked, [("state", "input-required")], T0 + 4)
         stream_ms = stores.settings.stream_ttl_seconds * 1000
         ended_ms = stores.settings.ended_ttl_seconds * 1000
-        assert 0 < await r_.pttl(keys.turn(done)) <= ended_ms
-        assert ended_ms < await r_.pttl(keys.turn(running)) <= stream_ms
-        assert await r_.pttl(keys.turn(parked)) == -1  # parked: never swept
-        for key in (keys.meta, keys.turns, keys.exp):
+        turn = {r: run_keys(prefix, r) for r in (done, parked, running)}
+        assert 0 < await r_.pttl(turn[done].turn) <= max(ended_ms, stream_ms)
+        assert ended_ms < await r_.pttl(turn[running].turn) <= stream_ms
+        assert ended_ms < await r_.pttl(turn[running].text) <= stream_ms
+        assert await r_.pttl(turn[parked].turn) == -1  # parked: never swept
+        for key in (keys.meta, keys.order):
             assert await r_.pttl(key) == -1  # the session lives as long as its parked turn
-        await store.end_turn(s, parked, "success", T0 + 5)
-        assert 0 < await r_.pttl(keys.turn(parked)) <= ended_ms
-        assert ended_ms < await r_.pttl(keys.meta) <= stream_ms
+        await store.apply_events(s, parked, [("state", "running")], T0 + 5)
+        assert ended_ms < await r_.pttl(turn[parked].turn) <= stream_ms  # unparked: swept
         # a retired session's tombstone never expires
         await store.delete_session(s, retire=True)
         assert await r_.pttl(keys.tomb) == -1
+        assert not await r_.exists(turn[running].turn, turn[running].text)  # records gone
 
 
-async def test_redis_expired_turns_are_dropped_lazily(stores: Stores) -> None:
+async def test_redis_gone_turns_are_dropped_lazily(stores: Stores) -> None:
     redis_only(stores)
     with anyio.fail_after(TIMEOUT):
         store = stores.open()
         r_ = stores.redis
+        prefix = stores.settings.redis_key_prefix
         s, gone, kept = sid(), rid(), rid()
-        keys = session_keys(stores.settings.redis_key_prefix, s)
+        keys = session_keys(prefix, s)
         await store.start_turn(s, gone, message(), T0)
         await store.start_turn(s, kept, message(), T0 + 1)
-        # simulate the expiry of `gone` (what PEXPIRE does when its time comes)
-        await r_.delete(keys.turn(gone))
-        await r_.zadd(keys.exp, {gone: 1})
+        await r_.delete(run_keys(prefix, gone).turn)  # what PEXPIRE does when its time comes
         assert [t["run_id"] for t in await store.list_turns(s)] == [kept]
+        # (an entry without a record is a claim between its steps while it is young)
+        assert await r_.zscore(keys.order, gone) == 1
+        await r_.hset(keys.meta, f"c:{gone}", "1")
+        assert [t["run_id"] for t in await store.list_turns(s)] == [kept]
+        assert await r_.zscore(keys.order, gone) is None  # pruned
         assert (await store.list_sessions())[0]["turn_count"] == 1
-        assert await r_.zscore(keys.turns, gone) is None
-        # all expired -> the session leaves the index on the next read
-        await r_.delete(keys.turn(kept))
-        await r_.zadd(keys.exp, {kept: 1})
-        assert await store.list_sessions() == []
-        assert await r_.zcard(index_keys(stores.settings.redis_key_prefix).by_activity) == 0
+
+
+async def test_redis_a_claim_between_its_steps_is_waited_for_not_passed(
+    stores: Stores,
+) -> None:
+    """A claim takes its order (session slot), then opens its record (run slot): a
+    reader between the two must neither prune the entry nor page past it."""
+    redis_only(stores)
+    with anyio.fail_after(TIMEOUT):
+        store = stores.open()
+        r_ = stores.redis
+        prefix = stores.settings.redis_key_prefix
+        s, first, pending, later = sid(), rid(), rid(), rid()
+        keys = session_keys(prefix, s)
+        await store.start_turn(s, first, message(), T0)
+        await store.start_turn(s, pending, message(), T0 + 1)
+        await store.start_turn(s, later, message(), T0 + 2)
+        await r_.delete(run_keys(prefix, pending).turn)  # as if its claim.lua had not run
+        assert [t["run_id"] for t in await store.turns_after(s, 1, 10)] == []  # waits
+        assert [t["run_id"] for t in await store.list_turns(s)] == [first, later]
+        assert await r_.zscore(keys.order, pending) == 2  # not pruned
+        await r_.hset(keys.meta, f"c:{pending}", "1")  # claimed long ago: it is gone
+        assert [t["run_id"] for t in await store.turns_after(s, 1, 10)] == [later]
+        assert await r_.zscore(keys.order, pending) is None
 
 
 async def test_redis_stale_index_rows_are_never_returned(stores: Stores) -> None:
@@ -517,8 +608,9 @@ async def test_redis_stale_index_rows_are_never_returned(stores: Stores) -> None
         for s in retired:
             await store.start_turn(s, rid(), message(), T0 + 50)
             await store.delete_session(s, retire=True)
-            await stores.redis.zadd(idx.by_activity, {s: T0 + 99})  # late, stale touch
-            await stores.redis.zadd(idx.parked, {s: T0 + 99})
+            # a late, stale touch (newer than any real one: the index reads it first)
+            await stores.redis.zadd(idx.by_activity, {s: 4e9})
+            await stores.redis.zadd(idx.parked, {s: 4e9})
         rows = await stores.open().list_sessions(limit=2)
         assert ids(rows) == [live[2], live[1]]
         assert await stores.open().list_sessions(parked=True) == []
@@ -564,13 +656,13 @@ async def test_session_rows_for_a_scoped_reader(store: Any) -> None:
 
 @pytest.mark.cluster
 async def test_redis_cluster_smoke(redis_cluster: Any, key_prefix: str) -> None:
-    """Every session script is single-slot; the index pipeline spans nodes."""
-    from redis.asyncio import RedisCluster
-
+    """Every session and run script is single-slot (records in their runs' slots, the
+    order in the session's); the index reads span nodes."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+    settings = Settings(redis_url=url, redis_key_prefix=key_prefix)
     with anyio.fail_after(60):
-        client = RedisCluster.from_url(redis_cluster.url)
-        try:
-            store = RedisSessionStore(Settings(redis_key_prefix=key_prefix), client)
+        async with open_bridge(settings) as bridge:
+            store = Writes(bridge, session_store_for(bridge, settings), [T0])
             sessions = [sid() for _ in range(12)]
             for i, s in enumerate(sessions):
                 r = rid()
@@ -584,8 +676,6 @@ async def test_redis_cluster_smoke(redis_cluster: Any, key_prefix: str) -> None:
             assert len(await store.delete_session(sessions[1], retire=True)) == 1
             assert not await store.start_turn(sessions[1], rid(), message(), T0 + 99)
             assert len(await store.list_sessions(limit=50)) == 10
-        finally:
-            await client.aclose()
 
 
 async def test_running_turn_is_the_newest_turn_until_it_ends(store: Any) -> None:

@@ -32,8 +32,14 @@ class StreamBridge(Protocol):
         session_id: str | None = None,
         lease_seconds: float | None = None,
         takeover: bool = False,
+        input_message: Any = None,
     ) -> Claim:
         """Take the producer lease of a run, creating its record when new.
+
+        With a session, the same step opens the run's turn record (once; `input_message`
+        is the operator's message it opens with, shaped by `sessions.shaping`) and gives
+        it the session's next order. Appends and the END update the record in their own
+        step too (docs/protocol.md §6).
 
         A run whose lease expired is taken over with `epoch + 1`; `takeover=True` also
         takes a live lease (fencing its holder). Raises RunOwned, StreamEnded.

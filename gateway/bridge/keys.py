@@ -22,15 +22,22 @@ def check_prefix(prefix: str) -> str:
 class RunKeys:
     meta: str  # hash: the run record (lease, epoch, status, trim boundary, ...)
     log: str  # stream: the events, then at most one END entry
+    turn: str  # hash: the run's turn record when it is a turn of a session (turn_fold.lua)
+    text: str  # string: that turn's answer text
 
     @property
     def both(self) -> tuple[str, str]:
         return (self.meta, self.log)
 
+    @property
+    def writes(self) -> tuple[str, str, str, str]:
+        """The KEYS of the scripts that write the run (and so its turn record)."""
+        return (self.meta, self.log, self.turn, self.text)
+
 
 def run_keys(prefix: str, run_id: str) -> RunKeys:
     tag = f"{prefix}{{{run_id}}}"
-    return RunKeys(meta=f"{tag}:meta", log=f"{tag}:log")
+    return RunKeys(meta=f"{tag}:meta", log=f"{tag}:log", turn=f"{tag}:turn", text=f"{tag}:text")
 
 
 # Stream entry layout. An event is {e: name, d: json}; an END is {end: status[, err: json]}.

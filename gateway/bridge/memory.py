@@ -43,6 +43,7 @@ from ..errors import (
 )
 from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import Numbering, admit, advance, applied_ids, check_seq
+from ..sessions.memory import MemorySessionStore
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -151,6 +152,9 @@ class MemoryStreamBridge:
         self._timers: set[asyncio.TimerHandle] = set()
         self._deadlines: Deadlines | None = None  # made on the loop of the first reader
         self._closed = False
+        # Turn records are written by this bridge's own steps (claim, append, END), in
+        # the same synchronous step as the write they reflect; the store reads them.
+        self.sessions = MemorySessionStore(settings, clock=clock)
 
     # ------------------------------------------------------------------ producers
 
@@ -161,6 +165,7 @@ class MemoryStreamBridge:
         session_id: str | None = None,
         lease_seconds: float | None = None,
         takeover: bool = False,
+        input_message: Any = None,
     ) -> Claim:
         self._check_open()
         check_run_id(run_id)
@@ -184,6 +189,8 @@ class MemoryStreamBridge:
         run.lease_expires_at = now + lease
         run.updated_at = now
         self._touch(run, self._settings.stream_ttl_seconds)
+        if run.session_id is not None:  # the turn opens in the claim's own step
+            self.sessions.claimed(run.session_id, run_id, input_message, now)
         return Claim(run_id, run.session_id, run.token, run.epoch, run.lease_expires_at)
 
     async def renew_lease(
@@ -259,6 +266,8 @@ class MemoryStreamBridge:
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
         self._touch(run, self._settings.stream_ttl_seconds)
+        if run.session_id is not None:  # the turn record follows in the same step
+            self.sessions.appended(run_id, encoded, now)
         return PublishResult((*applied, *ids), run.cancel_requested, run.session_id, len(applied))
 
     def _ids_back(self, run: _Run, last_id: str, count: int) -> list[str]:
@@ -328,6 +337,8 @@ class MemoryStreamBridge:
         run.status, run.error, run.end_id, run.end_by = status, error, end_id, by
         run.lease_expires_at = 0.0  # as on Redis: the lease ends with the run
         run.updated_at = self._clock()
+        if run.session_id is not None:  # the turn record ends in the same step
+            self.sessions.ended(run.run_id, status, run.updated_at)
         # The finished log stays readable for ended_ttl; the record at least as long.
         ended_ttl = self._settings.ended_ttl_seconds
         if run.gen is not None:

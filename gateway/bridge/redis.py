@@ -34,6 +34,7 @@ from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..errors import (
     BackendUnavailable,
     BridgeClosed,
+    GatewayError,
     InvalidInput,
     ProducerFenced,
     RunOwned,
@@ -43,6 +44,9 @@ from ..errors import (
 )
 from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import check_seq, sequence_conflict
+from ..sessions.keys import index_keys, session_keys
+from ..sessions.shaping import shape_input_message
+from ..sessions.turns import PARKED_STATES, moves_state
 from ..settings import Settings
 from ..values import (
     HEARTBEAT,
@@ -56,6 +60,7 @@ from ..values import (
     StreamEvent,
     StreamGap,
     StreamItem,
+    encode_json,
 )
 from . import rules
 from .base import one_by_one
@@ -230,6 +235,9 @@ class RedisStreamBridge:
                 "read",
                 "cancel",
                 "cleanup_later",
+                "session_claim",
+                "session_index",
+                "session_touch",
             )
         }
         # Plain counters for the HTTP layer's metrics (the bridge imports no metrics code).
@@ -368,19 +376,35 @@ class RedisStreamBridge:
         session_id: str | None = None,
         lease_seconds: float | None = None,
         takeover: bool = False,
+        input_message: Any = None,
     ) -> Claim:
         keys = self._keys(run_id)
+        order, shaped, opened, stamp = "", b"", False, ""
         if session_id is not None:
-            check_session_id(session_id)
+            # A session's turn order is the session's counter (its own slot, so a step of
+            # its own, before the run's claim; see sessions/keys.py for why that order).
+            turn = await self._script(
+                "session_claim",
+                session_keys(self._prefix, check_session_id(session_id)).lists,
+                run_id,
+                self._ttl_ms + ceil_ms(self._settings.ended_ttl_seconds),
+                resend=True,  # idempotent per run
+            )
+            if as_text(turn[0]) == "ok":
+                order, opened, stamp = str(int(turn[1])), turn[2] == 1, as_text(turn[3])
+                message = shape_input_message(input_message)
+                shaped = b"" if message is None else encode_json(message)
         token = secrets.token_urlsafe(18)
         reply = await self._script(
             "claim",
-            keys.both,
+            keys.writes,
             token,
             self._lease_ms(lease_seconds),
             "1" if takeover else "0",
             session_id or "",
             self._ttl_ms,
+            order,
+            shaped,
         )
         outcome = as_text(reply[0])
         if outcome == "owned":
@@ -390,12 +414,59 @@ class RedisStreamBridge:
         if outcome == "session":
             raise SessionMismatch.of(run_id, as_text(reply[1]) or None)
         session = as_text(reply[3]) or None
+        if opened and session is not None:
+            await self._turn_opened(session, stamp)
         return Claim(
             run_id=run_id,
             session_id=session,
             token=token,
             epoch=int(reply[1]),
             lease_expires_at=int(reply[2]) / 1000,
+        )
+
+    async def _turn_opened(self, session_id: str, stamp: str) -> None:
+        """After a claim opened a turn: wake the session's feeds and put the session on
+        top of the session index (at the claim's time, Redis's clock). Both are hints
+        readers verify (a feed also re-reads on its heartbeat), so a failure here is
+        logged, never the claim's."""
+        session = session_keys(self._prefix, session_id)
+        try:
+            await self._call(lambda: self._redis.spublish(session.feed, b""))
+            await self._touch_index(session_id, stamp, parked=False)
+        except GatewayError as exc:
+            log.warning("session %s: new turn not announced: %s", session_id, exc)
+
+    async def _turn_moved(self, session_id: str, run_id: str) -> None:
+        """After a write that may have moved a turn's state (parked, unparked, ended; the
+        record itself moved in the write's own step): the session's hints follow it (its
+        activity time, the parked listing, no TTL while parked). Logged on failure."""
+        keys = self._keys(run_id)
+        try:
+            state, updated, owner = await self._call(
+                lambda: self._redis.hmget(keys.turn, ["state", "updated", "session"])
+            )
+            if state is None or owner is None or as_text(owner) != session_id:
+                return
+            stamp = f"{int(as_text(updated or b'0')) / 1000:.6f}"
+            parked = as_text(state) in PARKED_STATES
+            session = session_keys(self._prefix, session_id)
+            noted = await self._script(
+                "session_touch", session.lists, stamp, "1" if parked else "0", resend=True
+            )
+            if noted == 1:
+                await self._touch_index(session_id, stamp, parked=parked)
+        except GatewayError as exc:
+            log.warning("session %s: turn %s state not noted: %s", session_id, run_id, exc)
+
+    async def _touch_index(self, session_id: str, stamp: str, *, parked: bool) -> None:
+        await self._script(
+            "session_index",
+            index_keys(self._prefix).both,
+            "touch",
+            session_id,
+            stamp,
+            "1" if parked else "0",
+            resend=True,
         )
 
     def _raise_refusal(self, run_id: str, reply: list[Any]) -> None:
@@ -440,25 +511,33 @@ class RedisStreamBridge:
         for name, payload in rules.encode_batch(events):
             args.append(name)
             args.append(payload)
-        reply = await self._script("publish", keys.both, *args)
+        reply = await self._script("publish", keys.writes, *args)
         outcome = as_text(reply[0])
         if outcome == "ok":
-            return PublishResult(
+            result = PublishResult(
                 ids=tuple([as_text(entry_id) for entry_id in reply[3:]]),
                 cancel_requested=reply[1] == 1,
                 session_id=as_text(reply[2]) or None,
             )
+            if result.session_id is not None and moves_state(events):
+                await self._turn_moved(result.session_id, run_id)
+            return result
         self._raise_refusal(run_id, reply)
         # -- numbered appends (see gateway.sequence)
         if outcome == "overlap" or outcome == "duplicate":
             start = 4 if outcome == "overlap" else 3
             ids = tuple([as_text(entry_id) for entry_id in reply[start:]])
-            return PublishResult(
+            result = PublishResult(
                 ids=ids,
                 cancel_requested=reply[1] == 1,
                 session_id=as_text(reply[2]) or None,
                 already_applied=int(reply[3]) if outcome == "overlap" else len(ids),
             )
+            # an overlap appended its tail: the session index follows what that moved
+            tail = events[result.already_applied :]
+            if outcome == "overlap" and result.session_id is not None and moves_state(tail):
+                await self._turn_moved(result.session_id, run_id)
+            return result
         if outcome == "sequence_gap":
             expected = int(reply[1])
             raise SequenceGap(
@@ -483,7 +562,7 @@ class RedisStreamBridge:
         ended_ttl = ceil_ms(self._settings.ended_ttl_seconds)
         reply = await self._script(
             "publish_end",
-            keys.both,
+            keys.writes,
             producer_token or "",
             status,
             b"" if error is None else rules.encode_payload(error),
@@ -494,14 +573,20 @@ class RedisStreamBridge:
         if as_text(reply[0]) == "noop":
             return EndResult(id=None, deduplicated=False, applied=False)
         if as_text(reply[0]) == "recorded":
-            return EndResult(id=None, deduplicated=False, session_id=as_text(reply[1]) or None)
+            result = EndResult(id=None, deduplicated=False, session_id=as_text(reply[1]) or None)
+            if result.session_id is not None:
+                await self._turn_moved(result.session_id, run_id)
+            return result
         self._raise_refusal(run_id, reply)
-        return EndResult(
+        result = EndResult(
             id=as_text(reply[1]) or None,
             deduplicated=reply[2] == 1,
             session_id=as_text(reply[3]) or None,
             legacy_scanned=len(reply) > 4 and reply[4] == 1,
         )
+        if result.session_id is not None:
+            await self._turn_moved(result.session_id, run_id)
+        return result
 
     async def request_cancel(self, run_id: str) -> bool:
         keys = self._keys(run_id)

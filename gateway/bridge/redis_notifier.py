@@ -190,7 +190,7 @@ class Notifier:
         takes every message as a change), shared by every local watcher of `channel`,
         whose `changes` counts notifications (and resubscriptions, which may have lost
         some) and whose `wait` wakes on each."""
-        return self.attach(RunKeys(meta=channel, log=channel), "0-0")
+        return self.attach(RunKeys(meta=channel, log=channel, turn=channel, text=channel), "0-0")
 
     # -- where channels are subscribed ------------------------------------------
 

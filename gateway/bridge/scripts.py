@@ -20,10 +20,20 @@ def _lua_dir() -> Path:
     raise FileNotFoundError(f"Lua scripts not found in {_PACKAGED} or {_SOURCE}")
 
 
+_INCLUDE = "--! include "
+
+
 @cache
 def lua_source(name: str) -> str:
-    """The text of `lua/<name>.lua` (read once per process)."""
-    return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+    """The text of `lua/<name>.lua` (read once per process), with each line
+    `--! include <other>` replaced by the text of `lua/<other>.lua` (Redis scripts
+    cannot load each other: a shared library is pasted into every script that uses it)."""
+    text = (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+    lines = [
+        lua_source(line[len(_INCLUDE) :].strip()) if line.startswith(_INCLUDE) else line
+        for line in text.splitlines(keepends=True)
+    ]
+    return "".join(lines)
 
 
 async def ensure_loaded(client: Any, scripts: Sequence[AsyncScript]) -> int:

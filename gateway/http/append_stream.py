@@ -47,7 +47,6 @@ from ..errors import (
     SequenceRefused,
     TooManyAppendStreams,
 )
-from . import sessions_routes
 from .errors import HttpError, gateway_error_response, public_detail
 from .state import GatewayState
 
@@ -308,18 +307,15 @@ class AppendStreamResponse(Response):
         tally = self._tally
         events = [(line.name, line.payload) for line in group]
         try:
-            # Shielded: once sent, an append finishes and its turn record follows it, even
-            # when the client leaves meanwhile (the bridge's own timeouts bound it).
+            # Shielded: once sent, an append finishes (its turn record is written in the
+            # same step), even when the client leaves meanwhile (the bridge's own timeouts
+            # bound it).
             with anyio.CancelScope(shield=True):
                 result = await state.bridge.publish_many(
                     self._run_id, events, producer_token=self._token, seq=tally.next_seq
                 )
-                if result.appended:
-                    state.metrics.events_published.inc(result.appended)
-                    fresh = [(line.name, line.data) for line in group[result.already_applied :]]
-                    await sessions_routes.record_events(
-                        self._request, result.session_id, self._run_id, fresh
-                    )
+            if result.appended:
+                state.metrics.events_published.inc(result.appended)
         except GatewayError as exc:
             return _Failed(exc)
         self._last_write = time.monotonic()

@@ -50,11 +50,6 @@ async def check_run(
         )
         if metrics is not None:
             metrics.recovery_ends.inc()
-        if sessions is not None and result.session_id is not None:
-            try:
-                await sessions.end_turn(result.session_id, run_id, "producer_lost", time.time())
-            except GatewayError as exc:  # the run log is the truth; the turn catches up
-                log.warning("run %s: turn not marked producer_lost: %r", run_id, exc)
         return True
     return False
 

@@ -21,7 +21,7 @@ from ..names import check_end_status, check_event_name, check_run_id, check_sess
 from ..sequence import HEADER as SEQ_HEADER
 from ..sequence import parse_seq_header
 from ..values import RawJSON, encode_json
-from . import access, sessions_routes
+from . import access
 from .append_stream import AppendStreamResponse, is_streamed
 from .bodies import (
     opt_bool,
@@ -73,11 +73,14 @@ async def claim_run(request: Request) -> Response:
     opt_object(body, "metadata")
     try:
         claim = await state.bridge.claim(
-            run_id, session_id=session_id, lease_seconds=lease, takeover=takeover
+            run_id,
+            session_id=session_id,
+            lease_seconds=lease,
+            takeover=takeover,
+            input_message=input_message,  # the turn opens in the claim's own step
         )
     except StreamEnded as exc:
         raise RunEndedOnClaim(str(exc) or f"run {run_id} has ended") from None
-    await sessions_routes.record_claim(request, claim.session_id, run_id, input_message)
     return json_response(
         {
             "run_id": claim.run_id,
@@ -168,10 +171,8 @@ async def publish_events(request: Request) -> Response:
         )
     else:
         result = await state.bridge.publish_many(run_id, encoded, producer_token=token)
-    if result.appended:  # events applied before were counted and recorded the first time
+    if result.appended:  # events applied before were counted the first time
         state.metrics.events_published.inc(result.appended)
-        fresh = events[result.already_applied :] if result.already_applied else events
-        await sessions_routes.record_events(request, result.session_id, run_id, fresh)
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
 
 
@@ -190,8 +191,6 @@ async def end_run(request: Request) -> Response:
     except orjson.JSONEncodeError as exc:
         raise InvalidInput(f"error cannot be encoded as JSON: {exc}") from None
     state.metrics.end_published(result, started)
-    if not result.deduplicated:
-        await sessions_routes.record_end(request, result.session_id, run_id, status)
     return json_response({"id": result.id, "deduplicated": result.deduplicated})
 
 

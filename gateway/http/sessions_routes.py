@@ -15,29 +15,22 @@ It removes the turns, then the run logs of those turns (`bridge.cleanup`). A cle
 a turn is running answers 409 `session_active`.
 
 The store lives beside the bridge (`gateway.sessions.provider`): `RedisSessionStore` on
-the Redis bridge's command client, `MemorySessionStore` beside the memory bridge. Hooks
-for the producer routes (`record_claim`, `record_events`, `record_end`) never fail a
-producer's write: the run log is the source of truth, and a failed turn update is
-logged, not raised (raising after the bridge accepted the write would make the producer
-retry and duplicate).
+the Redis bridge's command client, `MemorySessionStore` beside the memory bridge. The turn
+records are written by the bridge, in the same atomic step as the claim, append or END
+they reflect (docs/protocol.md §6): the producer routes have nothing to add.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import GatewayError
 from ..names import check_session_id
 from ..sessions.base import SessionStore, parse_flag, parse_limit
-from ..sessions.turns import touches_turn
-from ..values import EndStatus
 from . import access
 from .responses import json_response
 from .state import gateway_state
@@ -48,55 +41,6 @@ log = logging.getLogger(__name__)
 def session_store(request: Request) -> SessionStore:
     """The app's session store (built beside the bridge when the app starts)."""
     return gateway_state(request).sessions
-
-
-# -- hooks for the producer routes --------------------------------------------------------
-
-
-async def record_claim(
-    request: Request, session_id: str | None, run_id: str, input_message: Any
-) -> None:
-    """After a successful claim with a session: open (or keep) the turn."""
-    if session_id is not None:
-        await _quietly(
-            "start_turn",
-            session_store(request).start_turn(session_id, run_id, input_message, time.time()),
-        )
-
-
-async def record_events(
-    request: Request, session_id: str | None, run_id: str, events: Sequence[tuple[str, Any]]
-) -> None:
-    """After the bridge accepted event(s) of a run recorded under `session_id`.
-
-    Batches with no event a turn folds in cost the store nothing (no read, no write).
-    """
-    if session_id is not None and touches_turn(events):
-        await _quietly(
-            "apply_events",
-            session_store(request).apply_events(session_id, run_id, list(events), time.time()),
-        )
-
-
-async def record_end(
-    request: Request, session_id: str | None, run_id: str, status: EndStatus
-) -> None:
-    """After an END (the producer's, or a recovery END) of a run under `session_id`."""
-    if session_id is not None:
-        await _quietly(
-            "end_turn", session_store(request).end_turn(session_id, run_id, status, time.time())
-        )
-
-
-async def _quietly(what: str, operation: Any) -> None:
-    # Runs after the bridge applied the write: whatever happens here, the producer's
-    # request succeeds (an error would make it retry and duplicate).
-    try:
-        await operation
-    except GatewayError as exc:
-        log.warning("session turn %s failed: %s", what, exc)
-    except Exception:
-        log.exception("session turn %s failed", what)
 
 
 # -- routes ---------------------------------------------------------------------------------

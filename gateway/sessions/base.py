@@ -1,28 +1,28 @@
 """The sessions/turns store contract (docs/protocol.md §6), shared by the memory and Redis backends.
 
-Every run claimed with a `session_id` is a turn of that session. The HTTP layer drives
-the store beside the stream bridge:
+Every run claimed with a `session_id` is a turn of that session. The stream bridge
+writes the turn records, in the same atomic step as the claim, append or END they
+reflect (memory: `MemorySessionStore.claimed/appended/ended`, called by
+`MemoryStreamBridge`; Redis: `lua/claim.lua`, `publish.lua`, `publish_end.lua` with
+`turn_fold.lua`). A turn's `order` is the session's counter at the claim. This store
+reads them:
 
-- claim with `session_id`      -> `start_turn(session_id, run_id, input_message, now)`
-- accepted event(s)             -> `apply_events(session_id, run_id, [(name, data)], now)`
-- END (producer or recovery)    -> `end_turn(session_id, run_id, status, now)`
 - `GET /v1/sessions`            -> `list_sessions(limit, parked)` (`parse_limit` first)
 - `GET /v1/sessions/{id}/turns` -> `list_turns(session_id, limit)`
 - `DELETE /v1/sessions/{id}`    -> `delete_session(session_id, retire)`; the returned run
   ids are the logs to remove with `bridge.cleanup(run_id)`.
 - `GET /v1/sessions/{id}/ui-stream` -> `running_turn(session_id)`: the run to replay.
 
-Writes never fail a producer for session reasons: a write to a retired session is
-silently dropped (it returns False), and a message that cannot be shaped is not stored.
-Turn records and rows are plain JSON objects (see `turns.py` for the record shape);
-readers always get detached copies.
+A write to a retired session opens no turn (the claim itself succeeds), and a message
+that cannot be shaped is not stored. Turn records and rows are plain JSON objects (see
+`turns.py` for the record shape); readers always get detached copies.
 
 Index rows: `{"session_id", "last_updated", "turn_count"}` newest activity first;
 `parked=True` lists only sessions whose newest-created turn is `input-required` or
 `auth-required`, newest first, each row also carrying `last_state`.
 
-Turns: the newest `limit` turns by `last_updated`, returned oldest first (transcript
-order), including the in-flight turn with its partial text and non-terminal state.
+Turns: the newest `limit` turns by `order`, returned oldest first (transcript order),
+including the in-flight turn with its partial text and non-terminal state.
 
 Retire (`retire=True`) removes the turns and writes a durable tombstone that is never
 evicted: any later write for that session id (a late save of an in-flight producer,
@@ -40,7 +40,6 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Protocol, TypedDict, runtime_checkable
 
 from ..errors import InvalidInput
-from ..values import EndStatus
 from .watch import TurnSignal
 
 MAX_LIMIT: Final = 200
@@ -90,29 +89,6 @@ def parse_flag(value: object, name: str = "parked") -> bool:
 
 @runtime_checkable
 class SessionStore(Protocol):
-    async def start_turn(
-        self, session_id: str, run_id: str, input_message: Any, now: float
-    ) -> bool:
-        """Open the turn of `run_id` (idempotent: an existing turn is kept as is).
-
-        `input_message` is the claim's raw A2A message (or None); it is shaped by
-        `shaping.shape_input_message`. False when the session is retired.
-        """
-        ...
-
-    async def apply_events(
-        self, session_id: str, run_id: str, events: list[tuple[str, Any]], now: float
-    ) -> bool:
-        """Fold a batch of accepted events into the turn (created when missing).
-
-        False when the session is retired (nothing written).
-        """
-        ...
-
-    async def end_turn(self, session_id: str, run_id: str, status: EndStatus, now: float) -> bool:
-        """Set the END status of an existing turn; a missing turn stays missing."""
-        ...
-
     async def list_sessions(
         self, limit: int = DEFAULT_LIMIT, parked: bool = False
     ) -> list[SessionRow]: ...
@@ -127,6 +103,21 @@ class SessionStore(Protocol):
     async def list_turns(
         self, session_id: str, limit: int = DEFAULT_LIMIT
     ) -> list[dict[str, Any]]: ...
+
+    async def turn_of(self, session_id: str, run_id: str) -> dict[str, Any] | None:
+        """The turn record of `run_id` in this session (None: not a turn of it, gone,
+        or the session is retired)."""
+        ...
+
+    async def turns_after(
+        self, session_id: str, after: int, limit: int = DEFAULT_LIMIT
+    ) -> list[dict[str, Any]]:
+        """The session's turns with an order above `after`, lowest first, at most
+        `limit`: how a reader pages through a session exactly (the session feed's "next
+        turn"). A turn whose claim is still between its steps (Redis: its order taken,
+        its record not yet written) ends the page, so a reader waits for it rather than
+        passing it; turns whose records are gone are skipped."""
+        ...
 
     async def delete_session(self, session_id: str, retire: bool) -> list[str]:
         """Remove the session's turns; returns their run ids (for `bridge.cleanup`).

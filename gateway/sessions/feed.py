@@ -10,14 +10,20 @@
 - `RETIRED`     the session was retired; the feed ends after it;
 - `HEARTBEAT`   idle for the heartbeat interval (inside a turn: the bridge's own).
 
-Turns are taken in creation order (`created_at`, then run id) from the session's turn
-records. With no cursor the feed starts at the newest turn that has not ended, from its
-first event, or, when none is live, waits for a turn created after the newest one it
-saw. Between turns it waits on the session's change signal (`watch.py`), re-reading the
-turns only when the signal moved: no Redis connection and no poll per feed. Reading a
-turn's run subscribes to the bridge like any run reader, so the run's gap and END rules
-apply unchanged; `on_turn(run_id)` / `on_turn(None)` tell the caller which run it
-follows (the HTTP layer has the liveness monitor watch it).
+Turns are taken in the session's order (`order`: the counter the backend handed out
+when it accepted each claim, never a clock), one page at a time: "the next turn" is the
+store's first turn above the one just followed (`turns_after`), however many turns the
+session holds, so a resumed feed follows exactly or answers a gap, never jumps. With no
+cursor the feed starts at the newest turn that has not ended, from its first event, or,
+when none is live, waits for a turn after the newest one it saw. Between turns it waits
+on the session's change signal (`watch.py`), re-reading only when the signal moved or a
+heartbeat interval passed (an announcement lost with a crashed gateway delays a turn by
+at most that): no Redis connection and no poll per feed beyond that. A resume whose turn
+record is gone (expired, removed, never a turn of this session) is a `stream_removed`
+gap. Reading a turn's run subscribes to the bridge like any run reader, so the run's
+cursor, gap and END rules apply unchanged (a turn whose log is gone is the bridge's gap,
+never a bare `turn_end`); `on_turn(run_id)` / `on_turn(None)` tell the caller which run
+it follows (the HTTP layer has the liveness monitor watch it).
 
 Retirement removes the session's run logs: a reader inside a turn then gets the bridge's
 `stream_removed` gap, which the feed turns into `RETIRED` when the session is retired.
@@ -59,11 +65,10 @@ RETIRED: Final = Retired()
 
 FeedItem = TurnOpened | StreamEvent | End | StreamGap | Retired | Heartbeat
 FeedStep = tuple[str | None, Sequence[FeedItem]]
-TurnKey = tuple[float, str]
 
 
-def _key(turn: dict[str, Any]) -> TurnKey:
-    return (float(turn["created_at"]), str(turn["run_id"]))
+def _order(turn: dict[str, Any]) -> int:
+    return int(turn["order"])
 
 
 def _opened(turn: dict[str, Any]) -> TurnOpened:
@@ -73,31 +78,41 @@ def _opened(turn: dict[str, Any]) -> TurnOpened:
     return TurnOpened(str(turn["run_id"]), message, float(turn["created_at"]))
 
 
-# The session's turns as read at a change count of its signal, shared by the feeds of
-# that session in this process: a new turn wakes them all at once, and each would read
-# the same list. A read begun at change count c holds every turn created up to c.
-_SHARED: weakref.WeakKeyDictionary[Any, tuple[int, asyncio.Future[Any]]] = (
+# The session's next turn after an order, as read at a change count of its signal,
+# shared by the feeds of that session in this process waiting at the same place: a new
+# turn wakes them all at once, and each would read the same page. A read begun at change
+# count c holds every turn announced up to c.
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], asyncio.Future[Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-async def _turns(
-    store: SessionStore, session_id: str, signal: TurnSignal, changes: int, *, fresh: bool = False
-) -> list[dict[str, Any]]:
-    """The turns in feed order; taken from a read made at `changes` unless `fresh` (a
-    feed's first read: it picks the live turn by state, which changes unannounced)."""
-    entry = _SHARED.get(signal)
-    if not fresh and entry is not None and entry[0] == changes:
-        shared: list[dict[str, Any]] | None = await asyncio.shield(entry[1])
+async def _next_turn(
+    store: SessionStore,
+    session_id: str,
+    signal: TurnSignal,
+    changes: int,
+    after: int,
+    *,
+    fresh: bool = False,
+) -> dict[str, Any] | None:
+    """The first turn above `after`; from a read made at `changes` unless `fresh`."""
+    reads = _SHARED.get(signal)
+    if reads is None:
+        reads = _SHARED[signal] = {}
+    entry = reads.get((changes, after))
+    if not fresh and entry is not None:
+        shared: list[dict[str, Any]] | None = await asyncio.shield(entry)
         if shared is not None:
-            return shared
+            return shared[0] if shared else None
+    for key in [k for k in reads if k[0] != changes]:
+        del reads[key]  # reads made before the latest change are of no use any more
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    _SHARED[signal] = (changes, future)
+    reads[(changes, after)] = future
     turns: list[dict[str, Any]] | None = None
     try:
-        turns = await store.list_turns(session_id, MAX_LIMIT)
-        turns.sort(key=_key)
-        return turns
+        turns = await store.turns_after(session_id, after, 1)
+        return turns[0] if turns else None
     finally:
         future.set_result(turns)  # None: those who joined read for themselves
 
@@ -109,12 +124,12 @@ def _removed(position: str | None) -> StreamGap:
 class _Turn:
     """The turn being followed: its run, where to resume it, its place in the order."""
 
-    __slots__ = ("key", "position", "run_id")
+    __slots__ = ("order", "position", "run_id")
 
-    def __init__(self, run_id: str, position: str, key: TurnKey | None) -> None:
+    def __init__(self, run_id: str, position: str, order: int) -> None:
         self.run_id = run_id
         self.position = position
-        self.key = key
+        self.order = order
 
 
 async def follow_session(
@@ -132,59 +147,57 @@ async def follow_session(
         if await store.is_retired(session_id):
             yield (None, [RETIRED])
             return
-        turns = await _turns(store, session_id, signal, seen, fresh=True)
         current: _Turn | None = None
-        after: TurnKey | None = None  # the next turn is the first created after this
+        after = 0  # the next turn is the first with a larger order
         if cursor is None:
+            turns = await store.list_turns(session_id, MAX_LIMIT)
             live = [t for t in turns if not T.is_ended(t.get("state"))]
             if live:
                 opened = _opened(live[-1])
                 yield (opened.run_id, [opened])
-                current = _Turn(opened.run_id, TURN_START, _key(live[-1]))
+                current = _Turn(opened.run_id, TURN_START, _order(live[-1]))
             elif turns:
-                after = _key(turns[-1])
+                after = _order(turns[-1])
         else:
             assert cursor.run_id is not None
-            known = {str(t["run_id"]): t for t in turns}
-            turn = known.get(cursor.run_id)
-            key = _key(turn) if turn is not None else None
-            info = await bridge.get_run(cursor.run_id)
-            if info is None or info.session_id != session_id:
-                # gone (expired), or never a turn of this session: the same answer
+            turn = await store.turn_of(session_id, cursor.run_id)
+            if turn is None:
+                # gone (expired, removed), or never a turn of this session: its place in
+                # the order is unknown, so nothing after it can be followed exactly
                 yield (cursor.run_id, [_removed(cursor.event_id)])
                 return
-            if key is None:
-                key = (info.created_at, info.run_id)  # its turn record expired first
             if cursor.kind == "end":
-                after = key
+                after = _order(turn)
             else:
                 assert cursor.event_id is not None
-                current = _Turn(cursor.run_id, cursor.event_id, key)
+                current = _Turn(cursor.run_id, cursor.event_id, _order(turn))
         idle_since = time.monotonic()
+        fresh = False
         while True:
             if current is None:
                 if signal.closed:
                     raise BridgeClosed("the stream bridge closed")
-                nxt = next((t for t in turns if after is None or _key(t) > after), None)
+                nxt = await _next_turn(store, session_id, signal, seen, after, fresh=fresh)
+                fresh = False
                 if nxt is None:
                     if signal.changes == seen:
                         waited = time.monotonic() - idle_since
-                        if waited >= heartbeat_interval:
+                        if waited < heartbeat_interval:
+                            await signal.wait(heartbeat_interval - waited)
+                            if signal.changes == seen:
+                                continue
+                        else:
                             yield (None, [HEARTBEAT])
                             idle_since = time.monotonic()
-                            continue
-                        await signal.wait(heartbeat_interval - waited)
-                        if signal.changes == seen:
-                            continue
+                            fresh = True  # a lost announcement delays a turn this long
                     seen = signal.changes
                     if await store.is_retired(session_id):
                         yield (None, [RETIRED])
                         return
-                    turns = await _turns(store, session_id, signal, seen)
                     continue
                 opened = _opened(nxt)
                 yield (opened.run_id, [opened])
-                current = _Turn(opened.run_id, TURN_START, _key(nxt))
+                current = _Turn(opened.run_id, TURN_START, _order(nxt))
             ended = False
             async for step in _follow_turn(bridge, store, session_id, current, on_turn):
                 yield step
@@ -194,13 +207,12 @@ async def follow_session(
                 ended = isinstance(last, End)
             if not ended:
                 return  # (the bridge ended the subscription without a terminal item)
-            after, current = current.key, None
+            after, current = current.order, None
             idle_since = time.monotonic()
             seen = signal.changes
             if await store.is_retired(session_id):
                 yield (None, [RETIRED])
                 return
-            turns = await _turns(store, session_id, signal, seen)
 
 
 async def _follow_turn(
@@ -216,10 +228,7 @@ async def _follow_turn(
     if info is None or info.session_id != session_id:
         yield (run_id, [_removed(turn.position)])  # (as the run stream: the cursor asked)
         return
-    if info.ended and not info.log_exists:
-        # the log is gone; the record knows how the run ended (as on a run stream)
-        yield (run_id, [End(info.status, info.error)])  # type: ignore[arg-type]
-        return
+    # A log that is gone is the bridge's to answer, with its cursor and gap rules.
     on_turn(run_id)
     batches = bridge.subscribe_batches(run_id, turn.position, None)
     try:

@@ -4,11 +4,9 @@ Per session (all carry the `{session_id}` hash tag, one Cluster slot, so every s
 script is single-slot and atomic):
 
     <p>session:{<sid>}:tomb         string  durable tombstone of a retired session (no TTL)
-    <p>session:{<sid>}:meta         hash    last_updated, newest_run, newest_created,
-                                            last_state (state of the newest-created turn)
-    <p>session:{<sid>}:turns        zset    run_id -> turn last_updated (seconds)
-    <p>session:{<sid>}:exp          zset    run_id -> turn expiry (ms; +inf while parked)
-    <p>session:{<sid>}:turn:<run>   hash    rev, state, doc (the turn record JSON)
+    <p>session:{<sid>}:meta         hash    seq (the last order handed out), last_updated
+                                            (seconds, the newest claim)
+    <p>session:{<sid>}:order        zset    run_id -> the turn's order (session_claim.lua)
     <p>session:{<sid>}:feed         shard channel (no key): a turn was created, or the
                                             session was retired (what session feeds wait on)
 
@@ -23,8 +21,16 @@ O(log n + N) `ZREVRANGE` instead of a scatter-gather across shards. An index wri
 separate script from the session write (different slots cannot share a script), so the
 index is a hint: readers check every candidate row against its session's keys
 (tombstone, turn count, newest state) and drop stale rows with a compare-and-remove.
-Turn records live in the session's slot, not the run's, so a session's tombstone check
-and its turn writes are one atomic script.
+Turn records live in the run's slot (`bridge/keys.py`: `{<run>}:turn`, `{<run>}:text`),
+written by the run's own scripts, so a record never lags its log. The session's keys only
+point at runs: a claim first takes the session's next order (`session_claim.lua`:
+tombstone check, counter, `order` zset), then the run's claim script opens the record
+with it. A crash between the two leaves an index entry with no record, which readers
+skip (as they skip a record whose session is not this one); a record is never ahead of
+its index in a way a reader could see behind its log.
+
+Before this layout (upgrade) records lived at `session:{<sid>}:turn:<run>` with a
+`turns` zset; readers no longer look at those keys (they expire with their TTL).
 """
 
 from __future__ import annotations
@@ -41,18 +47,13 @@ __all__ = ["IndexKeys", "SessionKeys", "check_prefix", "index_keys", "session_ke
 class SessionKeys:
     tomb: str
     meta: str
-    turns: str
-    exp: str
-    turn_prefix: str
+    order: str
     feed: str  # a pub/sub channel, not a key
-
-    def turn(self, run_id: str) -> str:
-        return self.turn_prefix + run_id
 
     @property
     def lists(self) -> list[str]:
-        """tomb, meta, turns, exp: the KEYS of session_read / session_delete."""
-        return [self.tomb, self.meta, self.turns, self.exp]
+        """tomb, meta, order: the KEYS of session_claim / session_read / session_delete."""
+        return [self.tomb, self.meta, self.order]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,7 @@ def session_keys(prefix: str, session_id: str) -> SessionKeys:
     return SessionKeys(
         tomb=f"{tag}:tomb",
         meta=f"{tag}:meta",
-        turns=f"{tag}:turns",
-        exp=f"{tag}:exp",
-        turn_prefix=f"{tag}:turn:",
+        order=f"{tag}:order",
         feed=f"{tag}:feed",
     )
 

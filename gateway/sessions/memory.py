@@ -1,25 +1,30 @@
-"""In-process SessionStore (the embedded default, beside MemoryStreamBridge).
+"""In-process SessionStore (the embedded default), owned by `MemoryStreamBridge`.
 
-Every operation runs without awaiting, so each one is atomic on the event loop (the
-tombstone check and the write, clear's active check and the delete). Retention follows
-the runs: a running turn lives `stream_ttl_seconds` after its last write, an ended one
-`ended_ttl_seconds`, a parked one until the session is cleared or retired. Expired turns
-are dropped lazily on access. Index reads walk every live session (O(sessions)): fine
-for one process; the Redis store is the one with bounded index reads. Tombstones are
-kept for the life of the process (memory holds nothing across a restart).
+The bridge writes the turn records: its claim, append and END steps call `claimed`,
+`appended` and `ended` synchronously, in the same step as the write they reflect (no
+await in between), so a record can never lag its log and a retry that appends nothing
+changes nothing (the bridge returns before calling). Everything else here is a reader.
+
+A session's turns are ordered by a per-session counter taken when the claim is accepted
+(`order`), never by a clock. Retention follows the runs: a running turn lives
+`stream_ttl_seconds` after its last write, an ended one `ended_ttl_seconds`, a parked
+one until the session is cleared or retired. Expired turns are dropped lazily on
+access. Index reads walk every live session (O(sessions)): fine for one process; the
+Redis store is the one with bounded index reads. Tombstones are kept for the life of the
+process (memory holds nothing across a restart).
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SessionActive
-from ..names import check_run_id, check_session_id
+from ..names import check_session_id
 from ..settings import Settings
 from ..values import EndStatus
 from . import turns as T
@@ -37,10 +42,7 @@ class _Turn:
 @dataclass(slots=True)
 class _Session:
     turns: dict[str, _Turn] = field(default_factory=dict)
-    last_updated: float = 0.0
-    newest_run: str | None = None
-    newest_created: float = -1.0
-    last_state: str | None = None
+    counter: int = 0  # the last order handed out (survives expired turns)
 
 
 class MemorySessionStore:
@@ -58,6 +60,7 @@ class MemorySessionStore:
         self._limits = limits
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
+        self._session_of: dict[str, str] = {}  # run id -> the session holding its turn
         self._tombstones: dict[str, float] = {}
         self._signals: dict[str, ChangeSignal] = {}  # sessions with a feed open here
 
@@ -80,42 +83,36 @@ class MemorySessionStore:
         if signal is not None:
             signal.mark_stale()
 
-    # -- writes -----------------------------------------------------------------
+    # -- the bridge's write steps (synchronous: part of the bridge's own step) ----------
 
-    async def start_turn(
-        self, session_id: str, run_id: str, input_message: Any, now: float
-    ) -> bool:
-        if not self._writable(session_id, run_id):
-            return False
-        if self._live_turn(session_id, run_id) is not None:
-            return True
-        doc = T.new_turn(session_id, run_id, shape_input_message(input_message), now)
-        self._store(session_id, run_id, doc, new=True)
-        return True
+    def claimed(self, session_id: str, run_id: str, input_message: Any, now: float) -> None:
+        """The claim of `run_id` under `session_id` was accepted: open its turn, with the
+        session's next order (a takeover claim of the same run keeps the turn as is)."""
+        if session_id in self._tombstones or self._live_turn(run_id) is not None:
+            return
+        session = self._sessions.setdefault(session_id, _Session())
+        session.counter += 1
+        doc = T.new_turn(
+            session_id, run_id, shape_input_message(input_message), now, session.counter
+        )
+        session.turns[run_id] = _Turn(doc, self._expiry(doc["state"]))
+        self._session_of[run_id] = session_id
+        self._changed(session_id)
 
-    async def apply_events(
-        self, session_id: str, run_id: str, events: list[tuple[str, Any]], now: float
-    ) -> bool:
-        if not self._writable(session_id, run_id):
-            return False
-        current = self._live_turn(session_id, run_id)
-        if current is None:
-            doc = T.new_turn(session_id, run_id, None, now)
-            T.apply_events(doc, events, now, self._limits)
-            self._store(session_id, run_id, doc, new=True)
-        elif T.apply_events(current.doc, events, now, self._limits):
-            self._store(session_id, run_id, current.doc, new=False)
-        return True
+    def appended(self, run_id: str, events: Iterable[tuple[str, bytes]], now: float) -> None:
+        """Events were appended to the log of `run_id` (encoded as the log holds them)."""
+        turn = self._live_turn(run_id)
+        if turn is None:
+            return
+        T.fold_encoded(turn.doc, events, now, self._limits)
+        # the record follows the run's retention: every write renews it
+        turn.expires_at = self._expiry(turn.doc["state"])
 
-    async def end_turn(self, session_id: str, run_id: str, status: EndStatus, now: float) -> bool:
-        if not self._writable(session_id, run_id):
-            return False
-        current = self._live_turn(session_id, run_id)
-        if current is None:
-            return False
-        if T.end_turn(current.doc, status, now):
-            self._store(session_id, run_id, current.doc, new=False)
-        return True
+    def ended(self, run_id: str, status: EndStatus, now: float) -> None:
+        """The run's END was written (or its record marked ended)."""
+        turn = self._live_turn(run_id)
+        if turn is not None and T.end_turn(turn.doc, status, now):
+            turn.expires_at = self._expiry(turn.doc["state"])
 
     # -- reads ------------------------------------------------------------------
 
@@ -123,45 +120,33 @@ class MemorySessionStore:
         self, limit: int = DEFAULT_LIMIT, parked: bool = False
     ) -> list[SessionRow]:
         limit = parse_limit(limit)
-        candidates: list[tuple[float, str, _Session]] = []
-        for session_id in list(self._sessions):
-            session = self._live_session(session_id)
-            if session is None:
-                continue
-            if parked and not T.is_parked(session.last_state):
-                continue
-            candidates.append((session.last_updated, session_id, session))
-        rows: list[SessionRow] = []
-        for last_updated, session_id, session in heapq.nlargest(limit, candidates):
-            row: SessionRow = {
-                "session_id": session_id,
-                "last_updated": last_updated,
-                "turn_count": len(session.turns),
-            }
-            if parked and session.last_state is not None:
-                row["last_state"] = session.last_state
-            rows.append(row)
-        return rows
+        rows = [row for sid in list(self._sessions) if (row := self._row(sid, parked))]
+        return heapq.nlargest(limit, rows, key=lambda r: (r["last_updated"], r["session_id"]))
 
     async def session_rows(
         self, session_ids: Collection[str], parked: bool = False
     ) -> list[SessionRow]:
         wanted = {check_session_id(s) for s in list(session_ids)[:MAX_LIMIT]}
-        rows: list[SessionRow] = []
-        for session_id in wanted - self._tombstones.keys():
-            session = self._live_session(session_id)
-            if session is None or (parked and not T.is_parked(session.last_state)):
-                continue
-            row: SessionRow = {
-                "session_id": session_id,
-                "last_updated": session.last_updated,
-                "turn_count": len(session.turns),
-            }
-            if parked and session.last_state is not None:
-                row["last_state"] = session.last_state
-            rows.append(row)
+        rows = [row for sid in wanted if (row := self._row(sid, parked))]
         rows.sort(key=lambda r: (r["last_updated"], r["session_id"]), reverse=True)
         return rows
+
+    def _row(self, session_id: str, parked: bool) -> SessionRow | None:
+        session = self._live_session(session_id)
+        if session is None or session_id in self._tombstones:
+            return None
+        newest = max(session.turns.values(), key=lambda t: t.doc["order"])
+        last_state = newest.doc["state"]
+        if parked and not T.is_parked(last_state):
+            return None
+        row: SessionRow = {
+            "session_id": session_id,
+            "last_updated": max(float(t.doc["last_updated"]) for t in session.turns.values()),
+            "turn_count": len(session.turns),
+        }
+        if parked:
+            row["last_state"] = last_state
+        return row
 
     async def list_turns(self, session_id: str, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
         check_session_id(session_id)
@@ -171,27 +156,49 @@ class MemorySessionStore:
         session = self._live_session(session_id)
         if session is None:
             return []
-        newest = heapq.nlargest(
-            limit,
-            session.turns.items(),
-            key=lambda item: (item[1].doc["last_updated"], item[0]),
-        )
-        return [T.copy_turn(turn.doc) for _, turn in reversed(newest)]
+        newest = heapq.nlargest(limit, session.turns.values(), key=lambda t: t.doc["order"])
+        return [T.copy_turn(turn.doc) for turn in reversed(newest)]
+
+    async def turn_of(self, session_id: str, run_id: str) -> dict[str, Any] | None:
+        if check_session_id(session_id) in self._tombstones:
+            return None
+        turn = self._live_turn(run_id)
+        if turn is None or turn.doc["session_id"] != session_id:
+            return None
+        return T.copy_turn(turn.doc)
+
+    async def turns_after(
+        self, session_id: str, after: int, limit: int = DEFAULT_LIMIT
+    ) -> list[dict[str, Any]]:
+        check_session_id(session_id)
+        limit = parse_limit(limit)
+        session = self._live_session(session_id)
+        if session is None or session_id in self._tombstones:
+            return []
+        later = [t for t in session.turns.values() if t.doc["order"] > after]
+        chosen = heapq.nsmallest(limit, later, key=lambda t: t.doc["order"])
+        return [T.copy_turn(turn.doc) for turn in chosen]
 
     async def delete_session(self, session_id: str, retire: bool) -> list[str]:
         check_session_id(session_id)
-        session = self._sessions.get(session_id)
+        session = self._live_session(session_id)
         if not retire and session is not None:
             for turn in session.turns.values():
-                if turn.doc["state"] == T.RUNNING and not self._expired(turn):
+                if turn.doc["state"] == T.RUNNING:
                     raise SessionActive(
                         f"session {session_id!r} has a running turn; retry after it ends"
                     )
         if retire:
             self._tombstones.setdefault(session_id, self._clock())
-        self._sessions.pop(session_id, None)
+        # a clear keeps the session's counter: an order is never handed out twice
+        removed = self._sessions.pop(session_id, None) if retire else self._sessions.get(session_id)
+        run_ids = sorted(removed.turns) if removed is not None else []
+        if removed is not None and not retire:
+            removed.turns = {}
+        for run_id in run_ids:
+            self._session_of.pop(run_id, None)
         self._changed(session_id)
-        return sorted(session.turns) if session is not None else []
+        return run_ids
 
     async def is_retired(self, session_id: str) -> bool:
         return check_session_id(session_id) in self._tombstones
@@ -200,56 +207,38 @@ class MemorySessionStore:
         if check_session_id(session_id) in self._tombstones:
             return None
         session = self._live_session(session_id)
-        if session is None or session.newest_run is None:
+        if session is None:
             return None
-        turn = session.turns.get(session.newest_run)
-        if turn is None or turn.doc["state"] not in T.LIVE_STATES:
-            return None
-        return session.newest_run
+        newest = max(session.turns.values(), key=lambda t: t.doc["order"])
+        return str(newest.doc["run_id"]) if newest.doc["state"] in T.LIVE_STATES else None
 
     # -- internals --------------------------------------------------------------
+
+    def _expiry(self, state: str) -> float | None:
+        if T.is_parked(state):
+            return None
+        return self._clock() + (self._ended_ttl if T.is_ended(state) else self._running_ttl)
 
     def _expired(self, turn: _Turn) -> bool:
         return turn.expires_at is not None and turn.expires_at <= self._clock()
 
-    def _writable(self, session_id: str, run_id: str) -> bool:
-        """Check the ids; False when the session is retired (its writes are dropped)."""
-        check_session_id(session_id)
-        check_run_id(run_id)
-        return session_id not in self._tombstones
-
-    def _live_turn(self, session_id: str, run_id: str) -> _Turn | None:
+    def _live_turn(self, run_id: str) -> _Turn | None:
+        session_id = self._session_of.get(run_id)
+        if session_id is None:
+            return None
         session = self._live_session(session_id)
-        return session.turns.get(run_id) if session is not None else None
+        turn = session.turns.get(run_id) if session is not None else None
+        if turn is None:
+            self._session_of.pop(run_id, None)
+        return turn
 
     def _live_session(self, session_id: str) -> _Session | None:
-        """The session with its expired turns dropped; None (and forgotten) when empty."""
+        """The session with its expired turns dropped; None when it holds none (its
+        counter is kept: orders are never reused)."""
         session = self._sessions.get(session_id)
         if session is None:
             return None
         for run_id in [r for r, t in session.turns.items() if self._expired(t)]:
             del session.turns[run_id]
-        if not session.turns:
-            del self._sessions[session_id]
-            return None
-        return session
-
-    def _store(self, session_id: str, run_id: str, doc: dict[str, Any], *, new: bool) -> None:
-        state = doc["state"]
-        if T.is_parked(state):
-            expires_at: float | None = None
-        elif T.is_ended(state):
-            expires_at = self._clock() + self._ended_ttl
-        else:
-            expires_at = self._clock() + self._running_ttl
-        session = self._sessions.setdefault(session_id, _Session())
-        session.turns[run_id] = _Turn(doc=doc, expires_at=expires_at)
-        created = float(doc["created_at"])
-        if session.newest_run == run_id:
-            session.last_state = state
-        elif (new and created >= session.newest_created) or created > session.newest_created:
-            session.newest_run, session.newest_created = run_id, created
-            session.last_state = state
-        session.last_updated = max(session.last_updated, float(doc["last_updated"]))
-        if new:
-            self._changed(session_id)
+            self._session_of.pop(run_id, None)
+        return session if session.turns else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..bridge.base import StreamBridge
+from ..bridge.memory import MemoryStreamBridge
 from ..bridge.redis import RedisStreamBridge
 from ..settings import Settings
 from .base import SessionStore
@@ -16,4 +17,6 @@ def session_store_for(bridge: StreamBridge, settings: Settings) -> SessionStore:
         return RedisSessionStore(
             settings, bridge.client, notifier=bridge.notifier, turns=bridge.turns
         )
+    if isinstance(bridge, MemoryStreamBridge):
+        return bridge.sessions  # the bridge writes its turn records in its own steps
     return MemorySessionStore(settings)

@@ -1,28 +1,26 @@
-"""SessionStore on Redis: durable turns, a bounded session index, durable tombstones.
+"""SessionStore on Redis: turn records in their runs' slots, a per-session order index,
+a bounded global session index, durable tombstones.
 
-Key layout and the Cluster trade-off: `keys.py`. Scripts (one per concern, in `lua/`):
+Key layout and the Cluster trade-off: `keys.py`. The records are written by the run's
+own scripts (`claim.lua`, `publish.lua`, `publish_end.lua` with `turn_fold.lua`, driven
+by `RedisStreamBridge`); this store reads them and keeps the indexes:
 
-- `session_turn_write`: tombstone check + compare-and-set of the turn record + the
-  session's turn list, expiry list and meta, atomically in the session's slot.
+- `session_claim` (run by the bridge's claim): tombstone check, the session's next order.
+- `session_read`: one session's row and its newest run ids by order.
+- `turn_read`: one turn record (hash + text), atomically, in its run's slot.
+- `session_delete`: retire (tombstone first), clear (refused while a turn runs; a
+  compare on the session counter makes the check and the delete one decision), prune
+  entries whose record is gone, persist the keys of a session with a parked turn.
 - `session_index`: the global index (by activity, parked), in its own slot.
-- `session_read`: one session's verified row (and newest turn ids), dropping list
-  entries of expired turns (bounded: `PRUNE_BUDGET` per call).
-- `session_delete`: retire (tombstone first) or clear (refused while a turn runs).
 
-A write reads the record, evolves it with `turns.py` (the same code as the memory
-store), and writes it back with the revision it read; a concurrent writer makes it retry.
-Then it touches the global index. The index is a hint: `list_sessions` verifies each
-candidate with `session_read` (tombstoned, emptied or unparked sessions are dropped with
-a compare-and-remove), so a late write racing a retire can at worst leave a stale index
-entry that no reader ever returns.
+The index is a hint: `list_sessions` verifies each candidate with `session_read`
+(tombstoned or emptied sessions are dropped with a compare-and-remove), and the parked
+listing checks each candidate's newest record.
 
 Read cost of `list_sessions(limit)`: one `ZREVRANGE` of `limit` ids, then one pipelined
 `EVALSHA session_read` per id (concurrent calls on Cluster, where pipelines refuse
-scripts; two round trips, limit + 1 commands, independent of the
-number of sessions; measured by `bench/sessions_index.py`). Stale rows (dropped with a
-compare-and-remove) make it read further windows of twice the shortfall, at most
-`MAX_WINDOWS` windows, so one read never does more than a bounded amount of work; a
-page may then come back short, and the next read continues the cleanup.
+scripts), plus for `parked=True` one `turn_read` per row. Stale rows make it read
+further windows of twice the shortfall, at most `MAX_WINDOWS` windows.
 """
 
 from __future__ import annotations
@@ -40,24 +38,25 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
+from ..bridge.keys import run_keys
 from ..bridge.redis_notifier import Notifier
-from ..bridge.replies import as_text, ceil_ms
+from ..bridge.replies import as_text
 from ..bridge.scripts import ensure_loaded, lua_source
 from ..errors import BackendUnavailable, SessionActive
 from ..names import check_run_id, check_session_id
 from ..settings import Settings
-from ..values import EndStatus, encode_json
 from . import turns as T
 from .base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from .keys import SessionKeys, check_prefix, index_keys, session_keys
-from .shaping import shape_input_message
 from .watch import TurnSignal
 
 RedisClient = Redis | RedisCluster
 R = TypeVar("R")
 
-PRUNE_BUDGET: Final = 16  # expired turn entries dropped per script call, at most
-MAX_RETRIES: Final = 32  # compare-and-set attempts of one write
+# A claim takes its order (session slot), then opens its record (run slot): an entry
+# with no record is taken for a claim between those steps this long, then for gone.
+PENDING_CLAIM_MS: Final = 30_000
+MAX_RETRIES: Final = 8  # clear attempts while claims keep moving the session counter
 MAX_WINDOWS: Final = 4  # index windows one list_sessions call may read
 _BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
@@ -87,13 +86,41 @@ async def _gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
     return results
 
 
+def _record(run_id: str, reply: list[Any]) -> dict[str, Any] | None:
+    """A turn record as readers get it (the shape of `turns.new_turn`), from `turn_read`."""
+    if not reply:
+        return None
+    text = as_text(reply[0])
+    fields = {as_text(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
+    if "state" not in fields:
+        return None
+
+    def items(count_field: str, prefix: str) -> list[Any]:
+        count = int(as_text(fields.get(count_field, b"0")))
+        return [orjson.loads(fields[f"{prefix}{i}"]) for i in range(1, count + 1)]
+
+    status = fields.get("status")
+    return {
+        "run_id": run_id,
+        "session_id": as_text(fields.get("session", b"")),
+        "order": int(as_text(fields.get("order", b"0"))),
+        "state": as_text(fields["state"]),
+        "created_at": int(as_text(fields.get("created", b"0"))) / 1000,
+        "last_updated": int(as_text(fields.get("updated", b"0"))) / 1000,
+        "text": text,
+        "status": orjson.loads(status) if status is not None else None,
+        "artifacts": items("arts", "art:"),
+        "history": items("hist", "hist:"),
+        "truncated": as_text(fields.get("trunc", b"")) == "1",
+    }
+
+
 class RedisSessionStore:
     def __init__(
         self,
         settings: Settings,
         client: RedisClient,
         *,
-        limits: T.TurnLimits = T.DEFAULT_LIMITS,
         notifier: Notifier | None = None,
         turns: AbstractAsyncContextManager[None] | None = None,
     ) -> None:
@@ -102,13 +129,10 @@ class RedisSessionStore:
         # The bridge's turns at the pool they share (see bridge/redis_turns.py).
         self._turns = turns or asyncio.Semaphore(settings.redis_max_connections)
         self._notifier = notifier  # the bridge's: session feeds wait on it
-        self._running_ttl_ms = ceil_ms(settings.stream_ttl_seconds)
-        self._ended_ttl_ms = ceil_ms(settings.ended_ttl_seconds)
-        self._limits = limits
         self._index = index_keys(self._prefix)
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(lua_source(name))
-            for name in ("session_turn_write", "session_read", "session_delete", "session_index")
+            for name in ("session_read", "session_delete", "session_index", "turn_read")
         }
 
     # -- plumbing ---------------------------------------------------------------
@@ -123,13 +147,14 @@ class RedisSessionStore:
         return self._notifier.watch(self._keys(session_id).feed)
 
     async def _call(self, operation: Callable[[], Awaitable[R]]) -> R:
+        # Errors name what failed, never the server's address (readers may see them).
         try:
             async with self._turns:
                 return await operation()
         except _BACKEND_ERRORS as exc:
-            raise BackendUnavailable(f"Redis is unavailable: {exc}") from exc
+            raise BackendUnavailable("Redis is unavailable") from exc
         except redis_errors.RedisError as exc:
-            raise BackendUnavailable(f"Redis error: {exc}") from exc
+            raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
 
     async def ensure_scripts(self) -> int:
         """Readiness: load any of the session scripts Redis lacks; how many it loaded."""
@@ -140,114 +165,102 @@ class RedisSessionStore:
         script = self._scripts[name]
         return await self._call(lambda: script(keys=keys, args=args))
 
-    def _ttl_ms(self, state: str) -> int:
-        if T.is_parked(state):
-            return 0
-        return self._ended_ttl_ms if T.is_ended(state) else self._running_ttl_ms
+    async def _records(self, run_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The turn records of these runs (None where there is none), each read
+        atomically in its run's slot; concurrently (they are in many slots)."""
+        script = self._scripts["turn_read"]
+        calls = []
+        for run_id in run_ids:
+            keys = run_keys(self._prefix, check_run_id(run_id))
+            calls.append(functools.partial(script, keys=[keys.turn, keys.text]))
+        replies = await self._call(lambda: _gather(calls))
+        return [_record(r, reply) for r, reply in zip(run_ids, replies, strict=True)]
 
-    async def _write(
-        self,
-        session_id: str,
-        run_id: str,
-        evolve: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-    ) -> bool:
-        """Read-evolve-CAS loop. `evolve(current)` returns the record to store, or None
-        for "no change". False when the session is retired (or nothing was stored)."""
+    async def _turns_of(
+        self, session_id: str, want: int, after: int | None = None
+    ) -> tuple[list[dict[str, Any]], str] | None:
+        """The session's turns and its counter; None when retired. `after` None: the
+        newest `want` by order; else up to `want` above `after`, stopping before a claim
+        still between its steps (see `turns_after`). Either way oldest first. Entries
+        whose record is gone (expired, removed) or belongs to another session are
+        pruned from the index."""
         keys = self._keys(session_id)
-        turn_key = keys.turn(check_run_id(run_id))
-        for _ in range(MAX_RETRIES):
-            rev, raw = await self._call(lambda: self._redis.hmget(turn_key, ["rev", "doc"]))
-            current = orjson.loads(raw) if raw is not None else None
-            doc = evolve(current)
-            if doc is None:
-                return current is not None and not await self.is_retired(session_id)
-            reply = await self._script(
-                "session_turn_write",
-                [keys.tomb, keys.meta, keys.turns, keys.exp, turn_key],
-                [
-                    run_id,
-                    as_text(rev) if rev is not None else "0",
-                    encode_json(doc),
-                    doc["state"],
-                    repr(float(doc["created_at"])),
-                    repr(float(doc["last_updated"])),
-                    self._ttl_ms(doc["state"]),
-                    PRUNE_BUDGET,
-                    keys.feed,
-                ],
-            )
-            status = as_text(reply[0])
-            if status == "conflict":
+        (reply,) = await self._read_rows([session_id], want, "" if after is None else str(after))
+        if as_text(reply[0]) != "ok":
+            return None
+        seq, now_ms = as_text(reply[3]), int(as_text(reply[4]))
+        entries = [
+            (as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]))
+            for i in range(5, len(reply) - 2, 3)
+        ]
+        records = await self._records([run_id for run_id, _, _ in entries])
+        found: list[dict[str, Any]] = []
+        stale: list[str] = []
+        for (run_id, order, claimed), record in zip(entries, records, strict=True):
+            if record is not None and record["session_id"] == session_id:
+                found.append(record)
                 continue
-            if status == "retired":
-                return False
-            last_updated, last_state = as_text(reply[1]), as_text(reply[2])
-            await self._script(
-                "session_index",
-                self._index.both,
-                ["touch", session_id, last_updated, "1" if T.is_parked(last_state) else "0"],
-            )
-            return True
-        raise BackendUnavailable(f"turn {run_id!r}: too much write contention, try again")
+            pending = record is None and claimed and now_ms - int(claimed) < PENDING_CLAIM_MS
+            if pending:
+                if after is not None:
+                    break  # the next turn is still being claimed: the page ends here
+            else:
+                stale += [run_id, order]
+        if stale:
+            await self._script("session_delete", keys.lists, ["prune", *stale])
+        found.sort(key=lambda d: (d["order"], d["run_id"]))
+        return found, seq
+
+    async def turn_of(self, session_id: str, run_id: str) -> dict[str, Any] | None:
+        check_session_id(session_id)
+        if await self.is_retired(session_id):
+            return None
+        (record,) = await self._records([run_id])
+        return record if record is not None and record["session_id"] == session_id else None
+
+    async def turns_after(
+        self, session_id: str, after: int, limit: int = DEFAULT_LIMIT
+    ) -> list[dict[str, Any]]:
+        limit = parse_limit(limit)
+        seen = await self._turns_of(check_session_id(session_id), limit, int(after))
+        return [] if seen is None else seen[0]
 
     # -- writes -----------------------------------------------------------------
-
-    async def start_turn(
-        self, session_id: str, run_id: str, input_message: Any, now: float
-    ) -> bool:
-        check_session_id(session_id)
-
-        def evolve(current: dict[str, Any] | None) -> dict[str, Any] | None:
-            if current is not None:
-                return None  # idempotent (a takeover claim of the same run)
-            return T.new_turn(session_id, run_id, shape_input_message(input_message), now)
-
-        return await self._write(session_id, run_id, evolve)
-
-    async def apply_events(
-        self, session_id: str, run_id: str, events: list[tuple[str, Any]], now: float
-    ) -> bool:
-        check_session_id(session_id)
-
-        def evolve(current: dict[str, Any] | None) -> dict[str, Any] | None:
-            if current is None:
-                doc = T.new_turn(session_id, run_id, None, now)
-                T.apply_events(doc, events, now, self._limits)
-                return doc
-            return current if T.apply_events(current, events, now, self._limits) else None
-
-        return await self._write(session_id, run_id, evolve)
-
-    async def end_turn(self, session_id: str, run_id: str, status: EndStatus, now: float) -> bool:
-        check_session_id(session_id)
-
-        def evolve(current: dict[str, Any] | None) -> dict[str, Any] | None:
-            if current is None or not T.end_turn(current, status, now):
-                return None
-            return current
-
-        return await self._write(session_id, run_id, evolve)
 
     async def delete_session(self, session_id: str, retire: bool) -> list[str]:
         keys = self._keys(session_id)
         when = time.time()
-        reply = await self._script(
-            "session_delete",
-            keys.lists,
-            ["retire" if retire else "clear", repr(when), keys.turn_prefix],
-        )
-        if as_text(reply[0]) == "active":
-            raise SessionActive(
-                f"session {session_id!r} has a running turn ({as_text(reply[1])!r}); "
-                "retry after it ends"
-            )
+        for _ in range(MAX_RETRIES):
+            if retire:
+                reply = await self._script("session_delete", keys.lists, ["retire", repr(when)])
+            else:
+                seen = await self._turns_of(session_id, 1_000_000)
+                if seen is None:
+                    return []
+                found, seq = seen
+                for record in found:
+                    if record["state"] == T.RUNNING:
+                        raise SessionActive(
+                            f"session {session_id!r} has a running turn "
+                            f"({record['run_id']!r}); retry after it ends"
+                        )
+                reply = await self._script("session_delete", keys.lists, ["clear", seq])
+                if as_text(reply[0]) == "moved":
+                    continue  # a claim took an order meanwhile: check again
+            break
+        else:
+            raise BackendUnavailable(f"session {session_id!r}: too many claims, try again")
+        run_ids = [as_text(run_id) for run_id in reply[1:]]
+        for run_id in run_ids:
+            run = run_keys(self._prefix, run_id)
+            await self._call(lambda run=run: self._redis.delete(run.turn, run.text))  # type: ignore[misc]
         await self._script(
             "session_index",
             self._index.both,
             ["remove", session_id, "1e308" if retire else repr(when)],
         )
         await self._call(lambda: self._redis.spublish(keys.feed, b""))  # wake its feeds
-        return [as_text(run_id) for run_id in reply[1:]]
+        return run_ids
 
     async def is_retired(self, session_id: str) -> bool:
         tomb = self._keys(session_id).tomb
@@ -256,22 +269,16 @@ class RedisSessionStore:
     # -- reads ------------------------------------------------------------------
 
     async def running_turn(self, session_id: str) -> str | None:
-        keys = self._keys(session_id)
-
-        async def newest() -> list[Any]:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.exists(keys.tomb)
-                pipe.hget(keys.meta, "newest_run")
-                return list(await pipe.execute())
-
-        retired, run_id = await self._call(newest)
-        if retired or run_id is None:
+        seen = await self._turns_of(check_session_id(session_id), 1)
+        if seen is None or not seen[0]:
             return None
-        run = as_text(run_id)
-        state = await self._call(lambda: self._redis.hget(keys.turn(run), "state"))
-        if state is None or as_text(state) not in T.LIVE_STATES:
-            return None  # ended, or expired (the record's own TTL)
-        return run
+        newest = seen[0][-1]
+        return str(newest["run_id"]) if newest["state"] in T.LIVE_STATES else None
+
+    async def list_turns(self, session_id: str, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
+        limit = parse_limit(limit)
+        seen = await self._turns_of(check_session_id(session_id), limit)
+        return [] if seen is None else seen[0]
 
     async def list_sessions(
         self, limit: int = DEFAULT_LIMIT, parked: bool = False
@@ -286,11 +293,10 @@ class RedisSessionStore:
             entries = await self._window(zset, start, window)
             if not entries:
                 break
-            replies = await self._read_rows([as_text(sid) for sid, _ in entries], 0)
+            sids = [as_text(sid) for sid, _ in entries]
+            found = await self._rows(sids, parked)
             stale: list[str] = []
-            for (raw_sid, score), reply in zip(entries, replies, strict=True):
-                sid = as_text(raw_sid)
-                row = self._row(sid, reply, parked)
+            for (sid, (_, score)), row in zip(zip(sids, entries, strict=True), found, strict=True):
                 if row is None:
                     stale += [which, sid, repr(_score(score))]
                 elif sid not in seen and len(rows) < limit:
@@ -314,13 +320,37 @@ class RedisSessionStore:
         wanted = sorted({check_session_id(s) for s in list(session_ids)[:MAX_LIMIT]})
         if not wanted:
             return []
-        replies = await self._read_rows(wanted, 0)
-        rows = [
-            row
-            for sid, reply in zip(wanted, replies, strict=True)
-            if (row := self._row(sid, reply, parked)) is not None
-        ]
+        rows = [row for row in await self._rows(wanted, parked) if row is not None]
         rows.sort(key=lambda r: (r["last_updated"], r["session_id"]), reverse=True)
+        return rows
+
+    async def _rows(self, session_ids: list[str], parked: bool) -> list[SessionRow | None]:
+        replies = await self._read_rows(session_ids, 1)
+        newest: list[str | None] = []
+        for reply in replies:
+            ok = as_text(reply[0]) == "ok" and int(reply[2]) > 0 and len(reply) > 5
+            newest.append(as_text(reply[5]) if ok else None)
+        states: dict[str, str] = {}
+        if parked:
+            runs = [r for r in newest if r is not None]
+            for run, record in zip(runs, await self._records(runs), strict=True):
+                if record is not None:
+                    states[run] = record["state"]
+        rows: list[SessionRow | None] = []
+        for sid, reply, newest_run in zip(session_ids, replies, newest, strict=True):
+            run_id = newest_run
+            last_updated = as_text(reply[1]) if run_id is not None else ""
+            if not last_updated or (parked and not T.is_parked(states.get(run_id or ""))):
+                rows.append(None)
+                continue
+            row: SessionRow = {
+                "session_id": sid,
+                "last_updated": float(last_updated),
+                "turn_count": int(reply[2]),
+            }
+            if parked:
+                row["last_state"] = states[run_id or ""]
+            rows.append(row)
         return rows
 
     async def _window(self, zset: str, start: int, size: int) -> list[tuple[bytes | str, float]]:
@@ -332,34 +362,13 @@ class RedisSessionStore:
 
         return await self._call(read)
 
-    async def list_turns(self, session_id: str, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
-        limit = parse_limit(limit)
-        keys = self._keys(session_id)
-        (reply,) = await self._read_rows([session_id], limit)
-        if as_text(reply[0]) != "ok":
-            return []
-        run_ids = [as_text(r) for r in reply[4:]]
-        if not run_ids:
-            return []
-
-        async def fetch() -> list[Any]:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for run_id in run_ids:
-                    pipe.hget(keys.turn(run_id), "doc")
-                return list(await pipe.execute())
-
-        docs = await self._call(fetch)
-        turns = [orjson.loads(doc) for doc in docs if doc is not None]
-        turns.sort(key=lambda d: (d["last_updated"], d["run_id"]))
-        return turns
-
-    async def _read_rows(self, session_ids: list[str], want_ids: int) -> list[Any]:
+    async def _read_rows(self, session_ids: list[str], want_ids: int, after: str = "") -> list[Any]:
         """`session_read` for each id, pipelined (one round trip; per node in Cluster)."""
         script = self._scripts["session_read"]
         if isinstance(self._redis, RedisCluster):
             # a cluster pipeline refuses EVALSHA: run the per-slot scripts concurrently
             calls = [
-                functools.partial(script, keys=self._keys(sid).lists, args=[PRUNE_BUDGET, want_ids])
+                functools.partial(script, keys=self._keys(sid).lists, args=[want_ids, after])
                 for sid in session_ids
             ]
             return await self._call(lambda: _gather(calls))
@@ -367,7 +376,7 @@ class RedisSessionStore:
         async def run() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for sid in session_ids:
-                    pipe.evalsha(script.sha, 4, *self._keys(sid).lists, PRUNE_BUDGET, want_ids)
+                    pipe.evalsha(script.sha, 3, *self._keys(sid).lists, want_ids, after)
                 return list(await pipe.execute())
 
         try:
@@ -378,21 +387,3 @@ class RedisSessionStore:
         # SCRIPT FLUSH or a fresh server: load it again and retry once
         await self._call(lambda: self._redis.script_load(script.script))
         return await self._call(run)
-
-    @staticmethod
-    def _row(session_id: str, reply: Any, parked: bool) -> SessionRow | None:
-        if as_text(reply[0]) != "ok" or int(reply[3]) == 0:
-            return None  # retired, or every turn expired / cleared
-        last_updated, last_state = as_text(reply[1]), as_text(reply[2])
-        if not last_updated:
-            return None
-        if parked and not T.is_parked(last_state):
-            return None
-        row: SessionRow = {
-            "session_id": session_id,
-            "last_updated": float(last_updated),
-            "turn_count": int(reply[3]),
-        }
-        if parked:
-            row["last_state"] = last_state
-        return row

@@ -2,8 +2,11 @@
 
 A turn record is a JSON object, the same on both backends:
 
-    {"run_id", "session_id", "state", "created_at", "last_updated",
+    {"run_id", "session_id", "order", "state", "created_at", "last_updated",
      "text", "status", "artifacts", "history", "truncated"}
+
+- `order`: the turn's place in its session, assigned by the backend when it accepted the
+  claim (a per-session counter, never a clock): every reader sorts turns by it.
 
 - `state`: "running", "input-required", "auth-required" (both *parked* on the operator),
   or the END status (`values.EndStatus`).
@@ -21,8 +24,8 @@ log and the live stream):
 - `text-set` -- same data: replaces `text` (a multi-pass turn keeps only its final pass).
 - `state` -- data `{"state": s}` or a bare string s, s one of `running`,
   `input-required`, `auth-required`: sets `state`.
-- `artifact` -- an artifact object: appended to `artifacts`; one whose `artifactId`
-  equals a stored one's replaces it in place.
+- `artifact` -- an artifact object: appended to `artifacts`; one whose string
+  `artifactId` equals a stored one's replaces it in place.
 - `status` -- a status object (A2A `TaskStatus`): stored as `status`, untransformed; its
   `state` also sets `state` when it is `input-required` / `auth-required`, or
   `running` / `working` (-> `running`).
@@ -37,6 +40,13 @@ END (`end_turn`) sets `state` to the END status. Once a turn has ended, later ev
 not change it (only a retire/clear removes it). Malformed data for a known name (e.g. a
 `state` that is not one of the three) is ignored, never an error: the turn record is a
 best-effort view and must never fail a producer's write.
+
+This module is the one definition of how a record evolves. The backends apply it inside
+their write step (the memory bridge in the same synchronous step as the append, END or
+claim; Redis in the same Lua script, `lua/turn_fold.lua`, which a contract test holds to
+`fold_encoded` on the same event sequences). So the rules are stated over the encoded
+payload bytes the log stores: an item's size is its payload's length, an object is a
+payload starting with `{`, text lengths are Unicode code points.
 
 Caps (`TurnLimits`, defaults): `text` 200,000 chars; 32 artifacts; 32 history entries
 (the operator message included); each artifact, status or history entry at most
@@ -103,12 +113,17 @@ def is_ended(state: str | None) -> bool:
 
 
 def new_turn(
-    session_id: str, run_id: str, operator_message: dict[str, Any] | None, now: float
+    session_id: str,
+    run_id: str,
+    operator_message: dict[str, Any] | None,
+    now: float,
+    order: int = 0,
 ) -> dict[str, Any]:
     """A fresh running turn; `operator_message` is the already shaped message (or None)."""
     return {
         "run_id": run_id,
         "session_id": session_id,
+        "order": order,
         "state": RUNNING,
         "created_at": now,
         "last_updated": now,
@@ -132,6 +147,11 @@ def touches_turn(events: Iterable[tuple[str, Any]]) -> bool:
     return any(name in TURN_EVENTS for name, _ in events)
 
 
+def moves_state(events: Iterable[tuple[str, Any]]) -> bool:
+    """Whether any of `events` may move a turn's state (in or out of parked)."""
+    return any(name in STATE_EVENTS or name in STATUS_EVENTS for name, _ in events)
+
+
 def apply_events(
     turn: dict[str, Any],
     events: list[tuple[str, Any]],
@@ -148,6 +168,29 @@ def apply_events(
     for name, data in events:
         if name in TURN_EVENTS:
             changed = _apply_one(turn, name, data, limits) or changed
+    if changed:
+        turn["last_updated"] = max(float(turn.get("last_updated", now)), now)
+    return changed
+
+
+def fold_encoded(
+    turn: dict[str, Any],
+    events: Iterable[tuple[str, bytes]],
+    now: float,
+    limits: TurnLimits = DEFAULT_LIMITS,
+) -> bool:
+    """`apply_events` over encoded payloads (what the log stores; what the backends'
+    write steps see): a payload is decoded only when its event name is one a turn folds."""
+    if is_ended(turn.get("state")):
+        return False
+    changed = False
+    for name, payload in events:
+        if name in TURN_EVENTS:
+            try:
+                data = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            changed = _apply_one(turn, name, data, limits, len(payload)) or changed
     if changed:
         turn["last_updated"] = max(float(turn.get("last_updated", now)), now)
     return changed
@@ -179,15 +222,17 @@ _IN_RECORD: Final = RECORD_DEPTH + 1
 _IN_LIST: Final = RECORD_DEPTH + 2
 
 
-def _detached_within(item: Any, limits: TurnLimits, depth: int) -> Any | None:
-    """A detached copy of `item` when its compact JSON fits the item cap and the record
-    holding it `depth` containers deep still encodes (so every reader can read it back),
-    else None."""
+def _detached_within(
+    item: Any, limits: TurnLimits, depth: int, size: int | None = None
+) -> Any | None:
+    """A detached copy of `item` when its JSON fits the item cap (`size`: the payload's
+    length as published, else its compact JSON's) and the record holding it `depth`
+    containers deep still encodes (so every reader can read it back), else None."""
     try:
         encoded = encode_nested(item, depth)
     except TypeError:  # orjson.JSONEncodeError: nested too deeply to store
         return None
-    if len(encoded) > limits.max_item_bytes:
+    if (len(encoded) if size is None else size) > limits.max_item_bytes:
         return None
     return orjson.loads(encoded)
 
@@ -203,7 +248,9 @@ def _set_text(turn: dict[str, Any], piece: str, append: bool, limits: TurnLimits
     return True
 
 
-def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -> bool:
+def _apply_one(
+    turn: dict[str, Any], name: str, data: Any, limits: TurnLimits, size: int | None = None
+) -> bool:
     if name in TEXT_APPEND_EVENTS or name in TEXT_SET_EVENTS:
         piece = _text_of(data)
         if piece is None:
@@ -216,20 +263,20 @@ def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -
         return isinstance(delta, str) and _set_text(turn, delta, True, limits)
     if name in STATE_EVENTS:
         state = data.get("state") if isinstance(data, dict) else data
-        if state not in LIVE_STATES or state == turn.get("state"):
+        if not isinstance(state, str) or state not in LIVE_STATES or state == turn.get("state"):
             return False
         turn["state"] = state
         return True
     if name in ARTIFACT_EVENTS:
         if not isinstance(data, dict):
             return False
-        data = _detached_within(data, limits, _IN_LIST)
+        data = _detached_within(data, limits, _IN_LIST, size)
         if data is None:
             turn["truncated"] = True
             return True
         artifacts: list[Any] = turn.setdefault("artifacts", [])
         artifact_id = data.get("artifactId")
-        if artifact_id is not None:
+        if isinstance(artifact_id, str):
             for index, existing in enumerate(artifacts):
                 if isinstance(existing, dict) and existing.get("artifactId") == artifact_id:
                     artifacts[index] = data
@@ -242,7 +289,7 @@ def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -
     if name in STATUS_EVENTS:
         if not isinstance(data, dict):
             return False
-        data = _detached_within(data, limits, _IN_RECORD)
+        data = _detached_within(data, limits, _IN_RECORD, size)
         if data is None:
             turn["truncated"] = True
             return True
@@ -255,7 +302,7 @@ def _apply_one(turn: dict[str, Any], name: str, data: Any, limits: TurnLimits) -
         if not isinstance(data, dict):
             return False
         history: list[Any] = turn.setdefault("history", [])
-        data = _detached_within(data, limits, _IN_LIST)
+        data = _detached_within(data, limits, _IN_LIST, size)
         if data is None or len(history) >= limits.max_history:
             turn["truncated"] = True
             return True

@@ -1,0 +1,236 @@
+-- turn_fold.lua: the turn record of a run, written by the script that writes the run
+-- (claim.lua, publish.lua, publish_end.lua include this file), so a record never lags
+-- its log and a write that appends nothing changes nothing. The rules are
+-- gateway/sessions/turns.py's (`new_turn`, `fold_encoded`, `end_turn`): that module is
+-- the spec, and tests/test_sessions_contract.py holds this file to it on the same event
+-- sequences. Change both together.
+--
+-- The record is two keys in the run's slot (`{run_id}` tag, beside the run's meta/log):
+--   turn hash  session, order, state, created / updated (ms), chars (text length in code
+--              points), trunc ("1" once a cap dropped something), status (raw JSON),
+--              arts (count), art:<i> (raw JSON), aid:<i> (its string artifactId),
+--              hist (count), hist:<i> (raw JSON)
+--   text       string: the joined answer text (APPENDed, so an append is O(piece))
+-- Items are stored as the payload bytes the log holds (compact JSON).
+-- Retention follows the run: the run's rolling TTL while running, none while parked on
+-- the operator, the ended record TTL after END.
+local TURN_MAX_TEXT, TURN_MAX_ARTS, TURN_MAX_HIST, TURN_MAX_ITEM = 200000, 32, 32, 65536
+-- orjson encodes at most 254 nested containers; an item is kept only if the record
+-- holding it, as readers get it ({"turns": [record]}), still encodes
+local TURN_MAX_NESTING, TURN_IN_RECORD, TURN_IN_LIST = 254, 3, 4
+local TURN_LIVE = {['running'] = true, ['input-required'] = true, ['auth-required'] = true}
+local TURN_PARKED = {['input-required'] = true, ['auth-required'] = true}
+local TURN_ENDED = {['success'] = true, ['error'] = true, ['cancelled'] = true,
+  ['interrupted'] = true, ['producer_lost'] = true}
+local TURN_STATUS_MAP = {['input-required'] = 'input-required',
+  ['auth-required'] = 'auth-required', ['running'] = 'running', ['working'] = 'running'}
+local TURN_EVENTS = {['ui'] = true, ['token'] = true, ['text-delta'] = true,
+  ['text-set'] = true, ['state'] = true, ['artifact'] = true, ['status'] = true,
+  ['history'] = true, ['message'] = true}
+
+local function turn_chars(s)
+  local _, n = string.gsub(s, '[^\128-\191]', '')
+  return n
+end
+
+-- the first k code points of s
+local function turn_cut(s, k)
+  if k <= 0 then return '' end
+  local n = 0
+  for start in string.gmatch(s, '()[^\128-\191]') do
+    n = n + 1
+    if n == k + 1 then return string.sub(s, 1, start - 1) end
+  end
+  return s
+end
+
+-- whether the payload, `around` containers deep, still encodes
+local function turn_nests(p, around)
+  local _, opens = string.gsub(p, '[%[{]', '')
+  if opens + around <= TURN_MAX_NESTING then return true end
+  local s = string.gsub(string.gsub(string.gsub(p, '\\.', ''), '"[^"]*"', ''), '[^%[%]{}]', '')
+  local depth, deepest = 0, 0
+  for i = 1, #s do
+    local c = string.byte(s, i)
+    if c == 91 or c == 123 then
+      depth = depth + 1
+      if depth > deepest then deepest = depth end
+    else
+      depth = depth - 1
+    end
+  end
+  return deepest + around <= TURN_MAX_NESTING
+end
+
+local function turn_item_ok(p, around)
+  return #p <= TURN_MAX_ITEM and turn_nests(p, around)
+end
+
+local function turn_set_ttl(tk, xk, state, ttl)
+  if TURN_PARKED[state] then
+    redis.call('PERSIST', tk)
+    redis.call('PERSIST', xk)
+  else
+    redis.call('PEXPIRE', tk, ttl)
+    redis.call('PEXPIRE', xk, ttl)
+  end
+end
+
+-- Open the turn (claim.lua): once per run; a takeover claim keeps it as it is.
+local function turn_open(tk, session, order, shaped, now, ttl)
+  if redis.call('EXISTS', tk) == 1 then return false end
+  redis.call('HSET', tk, 'session', session, 'order', order, 'state', 'running',
+    'created', string.format('%d', now), 'updated', string.format('%d', now),
+    'chars', '0', 'arts', '0', 'hist', shaped ~= '' and '1' or '0')
+  if shaped ~= '' then redis.call('HSET', tk, 'hist:1', shaped) end
+  redis.call('PEXPIRE', tk, ttl)
+  return true
+end
+
+local function turn_text(tk, xk, piece, append)
+  local chars = tonumber(redis.call('HGET', tk, 'chars') or '0')
+  local n = turn_chars(piece)
+  local limit = append and TURN_MAX_TEXT - chars or TURN_MAX_TEXT
+  if n > limit then
+    piece = turn_cut(piece, limit)
+    n = math.max(limit, 0)
+    redis.call('HSET', tk, 'trunc', '1')
+  end
+  if append then
+    if piece == '' then return false end
+    redis.call('APPEND', xk, piece)
+    redis.call('HSET', tk, 'chars', string.format('%d', chars + n))
+  else
+    if (redis.call('GET', xk) or '') == piece then return false end
+    redis.call('SET', xk, piece)
+    redis.call('HSET', tk, 'chars', string.format('%d', n))
+  end
+  local ttl = redis.call('PTTL', tk)
+  if ttl > 0 then redis.call('PEXPIRE', xk, ttl) end
+  return true
+end
+
+-- One event; returns changed, and the state after it.
+local function turn_apply(tk, xk, name, p, state)
+  local ok, data = pcall(cjson.decode, p)
+  if not ok then return false, state end
+  local object = string.byte(p, 1) == 123
+  if name == 'token' or name == 'text-delta' or name == 'text-set' then
+    local piece = nil
+    if type(data) == 'string' then
+      piece = data
+    elseif object and type(data['text']) == 'string' then
+      piece = data['text']
+    end
+    if not piece then return false, state end
+    return turn_text(tk, xk, piece, name ~= 'text-set'), state
+  elseif name == 'ui' then
+    if not object or data['type'] ~= 'text-delta' or type(data['delta']) ~= 'string' then
+      return false, state
+    end
+    return turn_text(tk, xk, data['delta'], true), state
+  elseif name == 'state' then
+    local s = data
+    if object then s = data['state'] end
+    if type(s) ~= 'string' or not TURN_LIVE[s] or s == state then return false, state end
+    redis.call('HSET', tk, 'state', s)
+    return true, s
+  elseif not object then
+    return false, state
+  elseif name == 'artifact' then
+    if not turn_item_ok(p, TURN_IN_LIST) then
+      redis.call('HSET', tk, 'trunc', '1')
+      return true, state
+    end
+    local count = tonumber(redis.call('HGET', tk, 'arts') or '0')
+    local id = data['artifactId']
+    if type(id) == 'string' then
+      for i = 1, count do
+        if redis.call('HGET', tk, 'aid:' .. i) == id then
+          redis.call('HSET', tk, 'art:' .. i, p)
+          return true, state
+        end
+      end
+    end
+    if count >= TURN_MAX_ARTS then
+      redis.call('HSET', tk, 'trunc', '1')
+      return true, state
+    end
+    count = count + 1
+    redis.call('HSET', tk, 'arts', string.format('%d', count), 'art:' .. count, p)
+    if type(id) == 'string' then redis.call('HSET', tk, 'aid:' .. count, id) end
+    return true, state
+  elseif name == 'status' then
+    if not turn_item_ok(p, TURN_IN_RECORD) then
+      redis.call('HSET', tk, 'trunc', '1')
+      return true, state
+    end
+    redis.call('HSET', tk, 'status', p)
+    local s = data['state']
+    if type(s) == 'string' and TURN_STATUS_MAP[s] then
+      state = TURN_STATUS_MAP[s]
+      redis.call('HSET', tk, 'state', state)
+    end
+    return true, state
+  elseif name == 'history' or name == 'message' then
+    local count = tonumber(redis.call('HGET', tk, 'hist') or '0')
+    if not turn_item_ok(p, TURN_IN_LIST) or count >= TURN_MAX_HIST then
+      redis.call('HSET', tk, 'trunc', '1')
+      return true, state
+    end
+    count = count + 1
+    redis.call('HSET', tk, 'hist', string.format('%d', count), 'hist:' .. count, p)
+    return true, state
+  end
+  return false, state
+end
+
+-- Fold the events ARGV[first], ARGV[first + 1], ... (name, payload pairs) into the
+-- record, if the run has one that has not ended. `ttl`: the run's rolling TTL; the
+-- record's is renewed with the run's (`refresh`) and whenever its state moves in or out
+-- of parked.
+local function turn_fold(tk, xk, first, now, ttl, refresh)
+  local state = nil
+  local retime = refresh
+  local changed = false
+  for i = first, #ARGV, 2 do
+    if TURN_EVENTS[ARGV[i]] then
+      if state == nil then
+        state = redis.call('HGET', tk, 'state')
+        if not state or TURN_ENDED[state] then return end
+      end
+      local before = state
+      local moved
+      moved, state = turn_apply(tk, xk, ARGV[i], ARGV[i + 1], state)
+      changed = moved or changed
+      if TURN_PARKED[before] ~= TURN_PARKED[state] then retime = true end
+    end
+  end
+  if changed then
+    local updated = tonumber(redis.call('HGET', tk, 'updated') or '0')
+    redis.call('HSET', tk, 'updated', string.format('%d', math.max(updated, now)))
+  end
+  if not retime then return end
+  if state == nil then state = redis.call('HGET', tk, 'state') end
+  if state and not TURN_ENDED[state] then turn_set_ttl(tk, xk, state, ttl) end
+end
+
+-- The run's END (publish_end.lua's settle): the record takes the END status.
+local function turn_end(tk, xk, status, now, ttl)
+  local state = redis.call('HGET', tk, 'state')
+  if not state or TURN_ENDED[state] then return end
+  local updated = tonumber(redis.call('HGET', tk, 'updated') or '0')
+  redis.call('HSET', tk, 'state', status, 'updated', string.format('%d', math.max(updated, now)))
+  redis.call('PEXPIRE', tk, ttl)
+  redis.call('PEXPIRE', xk, ttl)
+end
+
+-- The including script has written the run already: a failure here must not abort it
+-- half way (Redis does not roll a script back). It is logged; none is expected (the
+-- rules above only branch on what they read, and decoding is guarded).
+local function turn_guarded(step, ...)
+  local ok, err = pcall(step, ...)
+  if not ok then
+    redis.log(redis.LOG_WARNING, 'turn record not updated: ' .. tostring(err))
+  end
+end
