@@ -76,6 +76,7 @@ SHUTDOWN_GRACE_SECONDS: Final = 5
 # (drain, the grace for open connections, closing the bridge) takes about the grace.
 WORKER_STOP_SECONDS: Final = SHUTDOWN_GRACE_SECONDS + 10
 LISTEN_BACKLOG: Final = 2048  # uvicorn's default backlog
+DEMO_PAUSE_SECONDS: Final = 3.0  # between `serve --demo` runs (run_demo's default)
 
 
 class ConfigError(Exception):
@@ -210,35 +211,51 @@ def _display_base_url(server: uvicorn.Server, settings: Settings) -> str:
 
 
 async def _demo_when_started(
-    server: uvicorn.Server, started: anyio.Event, settings: Settings, api_key: str | None
+    server: uvicorn.Server,
+    started: anyio.Event,
+    settings: Settings,
+    api_key: str | None,
+    pause: float = DEMO_PAUSE_SECONDS,
 ) -> None:
-    from .demo import run_demo
+    from .demo import AuthHint, DemoRequests, run_demo
+    from .http.observe import request_log
 
     await started.wait()  # only once the port accepts connections
     url = _display_base_url(server, settings)
-    await run_demo(
-        url,
-        api_key,
-        auth_hint="api_key" if settings.api_keys else "token" if settings.jwt_secret else "none",
-    )
+    # The demo's own successful requests log at DEBUG: one INFO line per turn remains.
+    auth: AuthHint = "api_key" if settings.api_keys else "token" if settings.jwt_secret else "none"
+    requests = DemoRequests()
+    request_log.addFilter(requests.filter)
+    try:
+        async with requests.client() as client:
+            await run_demo(
+                url,
+                api_key,
+                auth_hint=auth,
+                pause=pause,
+                client=client,
+            )
+    finally:
+        request_log.removeFilter(requests.filter)
 
 
 class _Demo:
     """The demo producer's task. It is stopped first at shutdown, while the server still
     accepts requests: it is a producer over HTTP, and it ENDs its run on the way out."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause: float = DEMO_PAUSE_SECONDS) -> None:
         import anyio
 
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
+        self.pause = pause
 
     async def run(
         self, server: uvicorn.Server, started: anyio.Event, settings: Settings, key: str | None
     ) -> None:
         try:
             with self.scope:
-                await _demo_when_started(server, started, settings, key)
+                await _demo_when_started(server, started, settings, key, self.pause)
         finally:
             self.done.set()
 
@@ -273,7 +290,11 @@ class _StopSignals:
 
 
 async def _serve(
-    settings: Settings, demo: bool, stop: _StopSignals, sockets: list[socket.socket] | None
+    settings: Settings,
+    demo: bool,
+    stop: _StopSignals,
+    sockets: list[socket.socket] | None,
+    demo_pause: float = DEMO_PAUSE_SECONDS,
 ) -> int:
     """Run the server until it is told to stop; returns the process exit code. `sockets`:
     listen on these (a worker of `run_workers`) instead of binding `settings.host`/`port`."""
@@ -300,7 +321,7 @@ async def _serve(
             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         )
         started = anyio.Event()
-        demo_task = _Demo() if demo else None
+        demo_task = _Demo(demo_pause) if demo else None
 
         class Server(GatewayServer):  # drains SSE responses when shutdown starts
             async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -341,6 +362,7 @@ def run_server(
     demo: bool,
     sockets: list[socket.socket] | None = None,
     notes: Sequence[str] = (),
+    demo_pause: float = DEMO_PAUSE_SECONDS,
 ) -> int:
     import anyio
 
@@ -362,6 +384,7 @@ def run_server(
         demo,
         stop,
         sockets,
+        demo_pause,
         backend="asyncio",
         backend_options={"use_uvloop": use_uvloop},
     )
@@ -404,8 +427,10 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--demo", is_flag=True, default=False, help="Also run the demo producer.")
+# Seconds between demo runs; hidden: for tests that watch several runs.
+@click.option("--demo-pause", type=click.FloatRange(min=0), default=DEMO_PAUSE_SECONDS, hidden=True)
 @click.pass_context
-def serve(ctx: click.Context, /, demo: bool, **_settings: Any) -> None:
+def serve(ctx: click.Context, /, demo: bool, demo_pause: float, **_settings: Any) -> None:
     """Run the gateway. Every setting is a flag here and an env var GATEWAY_<NAME>."""
     notes: list[str] = []
     try:
@@ -419,7 +444,7 @@ def serve(ctx: click.Context, /, demo: bool, **_settings: Any) -> None:
         _fail(str(exc))
     if settings.workers > 1:
         sys.exit(run_workers(settings, notes))
-    sys.exit(run_server(settings, demo, notes=notes))
+    sys.exit(run_server(settings, demo, notes=notes, demo_pause=demo_pause))
 
 
 serve.params[:0] = setting_options()

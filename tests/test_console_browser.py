@@ -249,7 +249,8 @@ async def test_the_console_opens_on_the_demo_session_with_its_turn_streaming() -
 
 async def test_selected_session_follows_every_turn_on_one_stream() -> None:
     """Selecting a session follows it live through the session feed: new turns appear
-    and stream in the turns panel, with one SSE response open for all of them."""
+    and stream in the turns panel, with one SSE response open for all of them (beside
+    the run panel's stream of the turn it follows)."""
     async with console() as (srv, client, page):
         first = await ProducerClient.claim(client, session_id="chat")
         await publish_words(first, WORDS[:2])
@@ -270,8 +271,12 @@ async def test_selected_session_follows_every_turn_on_one_stream() -> None:
                     "([sel, text]) => document.querySelector(sel + ' .text').textContent === text",
                     arg=[row, expected],
                 )
-            # one response follows the whole session: no stream per run
-            assert await anyio.to_thread.run_sync(srv.open_sse) == 1
+            # One response follows the whole session in the turns panel: no stream per
+            # run there. The page opened on this session (the newest), so its run panel
+            # follows the running turn too, which the feed opened at once.
+            await page.wait_for_selector(f'#run:has(#run-id:text-is("{producer.run_id}"))')
+            await page.wait_for_selector('#connection[data-state="live"]', state="attached")
+            assert await anyio.to_thread.run_sync(srv.open_sse) == 2
             await producer.end()
             await page.wait_for_selector(f'{row}[data-state="success"]', state="attached")
         assert await page.locator("#turns li").count() == 3

@@ -2,7 +2,8 @@
 
 The demo writes through the HTTP producer API with the producer client, so its turns
 are turns of the session `demo` like any producer's: the tests read them back from the
-session routes and the run streams.
+session routes and the run streams. The log tests count what `gateway serve --demo`
+writes (a real subprocess) and which request lines its filter quiets.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,17 +24,20 @@ from gateway.demo import (
     DEMO_SESSION,
     PARAGRAPH,
     QUESTION,
+    DemoRequests,
     console_url,
     demo_tokens,
     run_demo,
     watch_command,
     with_demo_key,
 )
+from gateway.http.observe import request_log
 from gateway.logging import JsonFormatter, RedactAccessTokenFilter, TextFormatter
 from gateway.settings import Settings
 from tests import http_server
 from tests.http_server import RunningServer
 from tests.sse_client import read_stream
+from tests.test_cli import Server, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 gateway_server = http_server.gateway_server
@@ -58,7 +64,7 @@ async def demo_log() -> AsyncIterator[Collect]:
     logger = logging.getLogger("gateway.demo")
     logger.addHandler(handler)
     old = logger.level
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old)
@@ -250,3 +256,143 @@ def test_access_token_is_masked_in_access_logs() -> None:
     )
     handler.handle(record)
     assert "eyJ" not in stream.getvalue() and "access_token=***&x=1" in stream.getvalue()
+
+
+# -- a calm log: one INFO line per demo turn -----------------------------------------------
+
+
+def test_the_demo_text_is_true_on_every_backend() -> None:
+    # The same paragraph streams on memory and on Redis: it names neither.
+    assert "redis" not in PARAGRAPH.lower() and "memory" not in PARAGRAPH.lower()
+
+
+class RequestLines(logging.Handler):
+    """The request log's records, at every level."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def levels(self, request_id: Callable[[str], bool]) -> list[str]:
+        return [r.levelname for r in self.records if request_id(str(r.__dict__["request_id"]))]
+
+
+@pytest.fixture
+def request_lines() -> Iterator[RequestLines]:
+    handler = RequestLines()
+    old = request_log.level
+    request_log.addHandler(handler)
+    request_log.setLevel(logging.DEBUG)
+    yield handler
+    request_log.removeHandler(handler)
+    request_log.setLevel(old)
+
+
+@pytest.mark.gateway_settings(api_keys=("operator-key",))
+async def test_only_the_demos_own_successful_requests_are_quieted(
+    gateway_server: RunningServer, request_lines: RequestLines, demo_log: Collect
+) -> None:
+    requests = DemoRequests()
+    request_log.addFilter(requests.filter)
+    url = gateway_server.base_url
+    try:
+        async with requests.client() as demo_client:
+            # Without a key the claim is refused: a failure stays at INFO.
+            assert await run_demo(url, None, max_runs=1, pause=0, client=demo_client) == 0
+            failed = request_lines.levels(lambda rid: rid.startswith(requests.prefix))
+            assert failed == ["INFO"]
+            ok = await run_demo(
+                url, "operator-key", token_delay=0, pause=0, max_runs=1, client=demo_client
+            )
+            assert ok == 1
+        # Claim, appends, END: each a DEBUG line with the next demo request id.
+        ids = [str(r.__dict__["request_id"]) for r in request_lines.records]
+        demo_lines = [
+            (rid, r.levelname)
+            for rid, r in zip(ids, request_lines.records, strict=True)
+            if rid.startswith(requests.prefix)
+        ]
+        # The refused claim (INFO, above), then the successful run: all DEBUG.
+        assert len(demo_lines) >= 4
+        assert [level for _, level in demo_lines[1:]] == ["DEBUG"] * (len(demo_lines) - 1)
+        numbers = [int(rid.removeprefix(requests.prefix)) for rid, _ in demo_lines]
+        assert sorted(numbers) == list(range(1, len(demo_lines) + 1))
+        # Another client cannot quiet its own lines by guessing: not `demo`, not a
+        # request id of the same shape, not the prefix of another process.
+        guesses = ["demo", "demo-1", f"demo-{'0' * 32}-1", f"{DemoRequests().prefix}1"]
+        headers = {"Authorization": "Bearer operator-key"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as other:
+            for guess in guesses:
+                reply = await other.get("/v1/sessions", headers={"X-Request-ID": guess})
+                assert reply.status_code == 200 and reply.headers["x-request-id"] == guess
+        assert request_lines.levels(lambda rid: rid in guesses) == ["INFO"] * len(guesses)
+    finally:
+        request_log.removeFilter(requests.filter)
+    # The demo's own lines: the curl hint at INFO, the successful end at DEBUG.
+    levels = [(r.levelname, r.getMessage()[:18]) for r in demo_log.records]
+    assert levels[-3:] == [
+        ("INFO", "demo producer star"),
+        ("INFO", "demo run streaming"),
+        ("DEBUG", "demo run ended"),
+    ]
+
+
+@pytest.fixture
+def demo_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def start(*args: str) -> Server:
+        servers.append(Server(tmp_path, *args))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+LOG_LINE = re.compile(r"^\S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
+
+
+def log_lines(text: str) -> list[tuple[str, str, str]]:
+    """(level, logger, message) of each complete log line."""
+    matches = (LOG_LINE.match(line) for line in text.splitlines())
+    return [(m[1], m[2], m[3]) for m in matches if m is not None]
+
+
+@pytest.mark.timeout(60)
+def test_serve_demo_logs_one_info_line_per_turn(
+    demo_server: Callable[..., Server],
+) -> None:
+    server = demo_server("--demo", "--demo-pause", "0.2")
+    hint = "demo run streaming; watch it with: curl"
+
+    def third_turn() -> bool:
+        return sum(hint in message for _, _, message in log_lines(server.log())) >= 3
+
+    wait_for(third_turn, 40, "the demo's third turn")
+    lines = log_lines(server.log())
+    starts = [i for i, (_, _, message) in enumerate(lines) if hint in message]
+    # Two whole turns, from the first curl line to the third: what the operator sees.
+    two_turns = lines[starts[0] : starts[2]]
+    assert [(level, logger) for level, logger, _ in two_turns] == [("INFO", "gateway.demo")] * 2
+    assert all(hint in message for _, _, message in two_turns)
+
+    # Another client's request logs at INFO, whatever request id it picks.
+    for guess in ("demo", "demo-1"):
+        reply = httpx.get(f"{server.base}/v1/sessions", headers={"X-Request-ID": guess}, timeout=5)
+        assert reply.status_code == 200
+
+    def other_lines() -> list[str]:
+        return [
+            level
+            for level, logger, message in log_lines(server.log())
+            if logger == "gateway.http.requests" and "GET /v1/sessions 200" in message
+        ]
+
+    assert wait_for(lambda: len(other_lines()) == 2 and other_lines(), 10, "two request lines")
+    assert other_lines() == ["INFO", "INFO"]
+    assert "request_id=demo " in server.log() and "request_id=demo-1 " in server.log()
+    assert server.terminate() == 0

@@ -27,6 +27,9 @@
   const PRODUCER_KEY = "gateway.console.producer";
   const CREDS_KEY = "gateway.console.creds";
   const MAX_LOG_ROWS = 200;
+  // The turns panel keeps the newest turns (as many as it loads): a session with a turn
+  // every few seconds (the demo's) would otherwise grow the page without end.
+  const MAX_TURN_ROWS = 20;
   const DEMO_TEXT =
     "Hello! This answer is streamed token by token through the gateway. " +
     "Each word is its own token event with its own id, so a page that reloads " +
@@ -136,6 +139,15 @@
     return tr;
   }
 
+  // The session this page follows (or the followed run's session), in the fields that
+  // name one: the Session field (where a demo turn would start) and the run facts.
+  function showSession(sessionId) {
+    $("#run-session").textContent = sessionId || "–";
+    const input = $("#session-input");
+    if (sessionId && document.activeElement !== input) input.value = sessionId;
+    for (const li of $("#turns").children) markFollowed(li);
+  }
+
   function renderCursor() {
     $("#cursor").textContent = state.lastEventId || "–";
     $("#event-count").textContent = String(state.count || 0);
@@ -164,6 +176,7 @@
 
   function renderAll() {
     $("#run-id").textContent = state ? state.runId : "–";
+    showSession(sessionFollow || (state && state.sessionId));
     const answer = $("#answer");
     answer.replaceChildren();
     const body = $("#events tbody");
@@ -219,7 +232,7 @@
     addLog({ id: "", event: "end", data: JSON.stringify(end), meta: true });
     persist();
     setConnection("closed", `closed (run ended: ${end.status})`);
-    loadSessions();
+    loadSessionsSoon();
     if (sessionFollow) nextTurnSoon(sessionFollow, state.runId);
   }
 
@@ -280,8 +293,12 @@
     follower = null;
   }
 
+  let followCalls = 0; // only the newest followRun opens a stream
+
   async function followRun(runId, { resume, keepSession } = { resume: false, keepSession: false }) {
     if (!keepSession) stopSessionFollow();
+    if (keepSession && state && state.runId === runId && follower && !follower.closed) return;
+    const call = ++followCalls;
     stopFollowing();
     const stored = load(localStorage, FOLLOW_KEY);
     if (resume && stored && stored.runId === runId) {
@@ -306,6 +323,7 @@
     try {
       const run = await api("GET", `/v1/runs/${encodeURIComponent(runId)}`);
       state.sessionId = run.session_id;
+      showSession(sessionFollow || run.session_id);
       if (!state.status) setStatus(run.status);
       persist();
     } catch (err) {
@@ -313,7 +331,7 @@
       setConnection("closed", "closed (run not readable)");
       return;
     }
-    if (!state || state.runId !== runId) return; // another follow started meanwhile
+    if (call !== followCalls || !state || state.runId !== runId) return; // another follow started meanwhile
     setConnection("connecting", state.lastEventId ? `rejoining after ${state.lastEventId}` : "connecting");
     follower = Client.follow(BASE, runId, {
       lastEventId: state.lastEventId,
@@ -329,6 +347,9 @@
   let picked = false; // the user chose what to show: the page no longer picks for them
   let nextTurnTimer = null;
   const NEXT_TURN_POLL_MS = 1000;
+  // While the session feed is live its `turn` frames open the next turn here at once;
+  // the poll is then only a fallback (each poll is a request, and a line in the log).
+  const NEXT_TURN_FALLBACK_MS = 15000;
 
   // The running turn of a session (the newest one), other than `exceptRunId`.
   async function runningTurn(sessionId, exceptRunId) {
@@ -342,6 +363,7 @@
     if (sessionFollow !== sessionId) loadTurns(sessionId); // the turns panel follows its feed
     sessionFollow = sessionId;
     $("#run").dataset.session = sessionId;
+    showSession(sessionId);
     const url = new URL(location.href);
     if (url.searchParams.get("session") !== sessionId) {
       url.searchParams.set("session", sessionId);
@@ -363,11 +385,29 @@
     }
   }
 
+  function feedLive(sessionId) {
+    return !!sessionFeed && sessionFeed.sessionId === sessionId && $("#turns").dataset.feed === "live";
+  }
+
+  // The newest running turn the live session feed showed, other than `exceptRunId`.
+  function runningTurnOfFeed(sessionId, exceptRunId) {
+    if (!feedLive(sessionId)) return null;
+    const rows = [...$("#turns").children].filter(
+      (li) => li.dataset.state === "running" && li.dataset.runId !== exceptRunId);
+    return rows.length ? rows[rows.length - 1].dataset.runId : null;
+  }
+
   function nextTurnSoon(sessionId, exceptRunId) {
     clearTimeout(nextTurnTimer);
+    const next = runningTurnOfFeed(sessionId, exceptRunId);
+    if (next) {
+      message(`following session ${sessionId}: each new turn opens here`);
+      followRun(next, { resume: true, keepSession: true });
+      return;
+    }
     nextTurnTimer = setTimeout(() => {
       if (sessionFollow === sessionId) followSessionTurns(sessionId, exceptRunId);
-    }, NEXT_TURN_POLL_MS);
+    }, feedLive(sessionId) ? NEXT_TURN_FALLBACK_MS : NEXT_TURN_POLL_MS);
   }
 
   function stopSessionFollow() {
@@ -509,6 +549,14 @@
     const li = document.createElement("li");
     li.dataset.runId = turn.run_id;
     li.dataset.state = turn.state;
+    // Turns of one session often say the same thing (the demo's always do): the start
+    // time and the run id tell them apart.
+    const when = document.createElement("time");
+    if (typeof turn.created_at === "number") {
+      const started = new Date(turn.created_at * 1000);
+      when.dateTime = started.toISOString();
+      when.textContent = started.toLocaleTimeString();
+    }
     const id = document.createElement("code");
     id.textContent = turn.run_id;
     const st = document.createElement("span");
@@ -524,15 +572,33 @@
     const text = document.createElement("span");
     text.className = "text";
     text.textContent = turn.text || "";
-    li.append(id, st, follow, text);
+    li.append(when, id, st, follow, text);
+    markFollowed(li);
+    return li;
+  }
+
+  // The row of the run the run panel shows.
+  function markFollowed(li) {
+    li.classList.toggle("followed", !!state && li.dataset.runId === state.runId);
+  }
+
+  // One row per run id, in order, at most MAX_TURN_ROWS (the oldest go first).
+  function addTurnRow(turn) {
+    const list = $("#turns");
+    let li = turnRow(turn.run_id);
+    if (li) return li;
+    const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
+    li = turnItem(turn);
+    list.appendChild(li);
+    while (list.children.length > MAX_TURN_ROWS) list.removeChild(list.firstChild);
+    if (atEnd) list.scrollTop = list.scrollHeight; // the newest turn stays in view
     return li;
   }
 
   function showTurns(sessionId, turns) {
     $("#turns-session").textContent = sessionId;
-    const list = $("#turns");
-    list.replaceChildren();
-    for (const turn of turns) list.appendChild(turnItem(turn));
+    $("#turns").replaceChildren();
+    for (const turn of turns) addTurnRow(turn);
   }
 
   // The selected session is followed live on one connection (the session feed), not
@@ -557,13 +623,12 @@
       accessToken: creds().apiKey ? null : creds().accessToken || null,
       onOpen() { list.dataset.feed = "live"; },
       onTurn(turn) {
-        let li = turnRow(turn.run_id);
-        if (!li) {
-          li = turnItem({ run_id: turn.run_id, state: "running", text: "" });
-          list.appendChild(li);
-        }
+        const li = addTurnRow({ ...turn, state: "running", text: "" });
         li.querySelector(".text").textContent = ""; // the feed replays the turn from its start
         setTurnState(li, "running");
+        // The run panel following this session, between turns: this one opens now.
+        const idle = !state || (state.runId !== turn.run_id && state.status !== "running");
+        if (sessionFollow === sessionId && idle) nextTurnSoon(sessionId, state && state.runId);
       },
       onEvent(ev) {
         const li = turnRow(ev.runId);
@@ -576,7 +641,7 @@
       onTurnEnd(end) {
         const li = turnRow(end.run_id);
         if (li) setTurnState(li, end.status);
-        loadSessions();
+        loadSessionsSoon();
       },
       async onGap() {
         await loadTurns(sessionId, { live: false });
@@ -595,6 +660,14 @@
     } catch (err) {
       message(err.message, true);
     }
+  }
+
+  // The end of a turn reaches the page twice (the run's stream and the session feed):
+  // one reload of the list for both.
+  let sessionsTimer = null;
+  function loadSessionsSoon() {
+    clearTimeout(sessionsTimer);
+    sessionsTimer = setTimeout(loadSessions, 250);
   }
 
   async function loadSessions() {
@@ -658,6 +731,8 @@
       // A reload while following a session: resume its run, then go on with the session.
       sessionFollow = session;
       $("#run").dataset.session = session;
+      showSession(session);
+      loadTurns(session); // the turns panel follows the session's feed, as before the reload
       followRun(params.get("run"), { resume: true, keepSession: true }).then(() => {
         if (state && state.status && state.status !== "running") nextTurnSoon(session, state.runId);
       });
