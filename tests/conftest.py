@@ -34,6 +34,7 @@ SYSTEM_MODULES = frozenset(
         "test_cluster_failover.py",
         "test_cluster_notifications.py",
         "test_console_browser.py",
+        "test_console_first_minute.py",
         "test_cors_browser.py",
         "test_deploy.py",
         "test_eviction.py",
