@@ -38,6 +38,7 @@ import anyio
 import httpx
 import pytest
 from playwright.async_api import BrowserContext, Page
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from tests.browser import ARTIFACTS, chromium, skip_without_chromium
 from tests.http_server import RunningServer, make_settings, serve
@@ -334,7 +335,14 @@ async def messages(page: Page) -> list[dict[str, Any]]:
 
 
 async def wait_answer(page: Page, text: str, status: str = "ready") -> list[dict[str, Any]]:
-    await page.wait_for_function(ANSWERED, arg=[text, status])
+    try:
+        await page.wait_for_function(ANSWERED, arg=[text, status])
+    except PlaywrightTimeout:
+        shown = await page.eval_on_selector("#status", "el => el.dataset.status")
+        raise AssertionError(
+            f"expected the answer {text!r} and status {status!r}; the page shows status "
+            f"{shown!r} and the messages {await messages(page)}"
+        ) from None
     return await messages(page)
 
 
