@@ -14,7 +14,7 @@ screenshot of the page after each case goes to test-artifacts/chat/.
 `npm ci` runs from scripts/bootstrap, or here when the installed tree is older than its
 lockfile; the page is built here (vite, a second or so) once per version set.
 
-(A system test: marked `system` once the suite has that marker.)
+A system test (`SYSTEM_MODULES` in tests/conftest.py): `make test-fast` skips it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ SHOTS = ARTIFACTS / "chat"
 API_KEY = "chat-app-key-0123456789"
 JWT_SECRET = "chat-app-secret-with-enough-bytes-for-hs256"
 WORDS = 16
-WORD_DELAY_MS = 120
+WORD_DELAY_MS = 150  # the answer takes ~3 s: time to reload or cut it mid-way
 WAIT_MS = 20_000
 START_TIMEOUT = 20.0
 
