@@ -14,7 +14,7 @@ screenshot of the page after each case goes to test-artifacts/chat/.
 `npm ci` runs from scripts/bootstrap, or here when the installed tree is older than its
 lockfile; the page is built here (vite, a second or so) once per version set.
 
-(A system test: marked `system` once the suite has that marker.)
+A system test (`SYSTEM_MODULES` in tests/conftest.py): `make test-fast` skips it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import anyio
 import httpx
 import pytest
 from playwright.async_api import BrowserContext, Page
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from tests.browser import ARTIFACTS, chromium, skip_without_chromium
 from tests.http_server import RunningServer, make_settings, serve
@@ -52,7 +53,7 @@ SHOTS = ARTIFACTS / "chat"
 API_KEY = "chat-app-key-0123456789"
 JWT_SECRET = "chat-app-secret-with-enough-bytes-for-hs256"
 WORDS = 16
-WORD_DELAY_MS = 120
+WORD_DELAY_MS = 150  # the answer takes ~3 s: time to reload or cut it mid-way
 WAIT_MS = 20_000
 START_TIMEOUT = 20.0
 
@@ -334,7 +335,14 @@ async def messages(page: Page) -> list[dict[str, Any]]:
 
 
 async def wait_answer(page: Page, text: str, status: str = "ready") -> list[dict[str, Any]]:
-    await page.wait_for_function(ANSWERED, arg=[text, status])
+    try:
+        await page.wait_for_function(ANSWERED, arg=[text, status])
+    except PlaywrightTimeout:
+        shown = await page.eval_on_selector("#status", "el => el.dataset.status")
+        raise AssertionError(
+            f"expected the answer {text!r} and status {status!r}; the page shows status "
+            f"{shown!r} and the messages {await messages(page)}"
+        ) from None
     return await messages(page)
 
 

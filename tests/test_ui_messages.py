@@ -214,3 +214,22 @@ async def test_scoped_tokens_read_only_their_session(
         ):
             refused = await anonymous.get(url, headers={"Authorization": f"Bearer {other}"})
             assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
+
+
+async def test_turns_without_a_bubble_list_their_answer_only(client: httpx.AsyncClient) -> None:
+    # No input message at all, then a hidden one (an approval resume): no user bubble.
+    plain = await ProducerClient.claim(client, session_id="ui-nobubble")
+    await plain.publish(("token", "one"))
+    await plain.end()
+    hidden = await ProducerClient.claim(
+        client,
+        session_id="ui-nobubble",
+        input_message=_input("u2", "approve", metadata={"hidden": True}),
+    )
+    await hidden.publish(("token", "two"))
+    await hidden.end()
+    listed = await _messages(client, "ui-nobubble")
+    assert [(m["role"], m["id"], m["parts"][0]["text"]) for m in listed] == [
+        ("assistant", plain.run_id, "one"),
+        ("assistant", hidden.run_id, "two"),
+    ]
