@@ -741,7 +741,7 @@ def test_the_pod_command_refuses_the_shipped_example_secrets(
     assert "example value" in done.stderr and "api_keys" in done.stderr
     for value in example.values():
         assert value not in done.stderr  # a secret is never echoed
-    # Each shipped placeholder (and compose.yaml's documented `change-me`) is refused
+    # Each shipped placeholder (and the `change-me` key older docs used) is refused
     # wherever a secret goes, also once a real key is given beside it.
     for value in [*example.values(), "change-me"]:
         with pytest.raises(ValidationError, match="example value"):
