@@ -82,9 +82,9 @@ EXAMPLE_SECRETS: Final = frozenset(
 )
 _PLACEHOLDER_PREFIX: Final = "replace-me"
 # Names Kubernetes gives every container of a namespace for a Service named `gateway`
-# (service links), after the `GATEWAY_` prefix: never a typo of a setting.
+# (or `gateway-<name>`: service links), after the `GATEWAY_` prefix: never a typo.
 _SERVICE_LINK_NAME: Final = re.compile(
-    r"service_host|service_port(_\w+)?|port(_\d+_(tcp|udp|sctp)(_proto|_port|_addr)?)?"
+    r"(\w+_)?(service_host|service_port(_\w+)?|port(_\d+_(tcp|udp|sctp)(_proto|_port|_addr)?)?)"
 )
 # The value Kubernetes (and Docker's legacy links) give `GATEWAY_PORT`.
 _SERVICE_LINK_URL: Final = re.compile(r"(tcp|udp|sctp)://\S*")

@@ -351,6 +351,38 @@ async def test_heartbeats_pass_through_unbuffered(client: httpx.AsyncClient, kin
     print(f"{kind}: heartbeat gaps through the proxy {[round(g, 3) for g in gaps]} s")
 
 
+# -- live: access logs without reader tokens -----------------------------------------------
+
+
+@proxy_kinds
+@pytest.mark.anyio
+async def test_the_access_log_keeps_reader_tokens_out(
+    client: httpx.AsyncClient, proxy: Proxy, kind: str
+) -> None:
+    """A browser's EventSource sends its token as ?access_token=: the shipped log formats
+    write the path without the query string."""
+    producer = await ProducerClient.claim(client)
+    await producer.end()
+    token = f"eyJ.secret-{uuid4().hex}.sig"
+    paths = [f"/v1/runs/{producer.run_id}/stream", f"/v1/runs/{producer.run_id}"]
+    for path in paths:
+        # (the API key in the header is what authorises; the query is what a browser sends)
+        response = await client.get(f"{path}?access_token={token}&last_event_id=0-0")
+        assert response.status_code == 200, response.text
+
+    def logged() -> list[str]:
+        return [line for line in proxy.log(10_000).splitlines() if producer.run_id in line]
+
+    with anyio.fail_after(EVENT_TIMEOUT):
+        while len(logged()) < len(paths) + 1:  # the claim, the stream, the run
+            await anyio.sleep(0.05)
+    lines = logged()
+    for path in paths:
+        assert any(f"GET {path} HTTP/1.1" in line for line in lines), (path, lines)
+    assert not [line for line in proxy.log(10_000).splitlines() if token in line]
+    assert not [line for line in lines if "access_token" in line or "last_event_id" in line]
+
+
 # -- static: configs as shipped ------------------------------------------------------------
 
 
@@ -709,7 +741,7 @@ def test_the_pod_command_refuses_the_shipped_example_secrets(
     assert "example value" in done.stderr and "api_keys" in done.stderr
     for value in example.values():
         assert value not in done.stderr  # a secret is never echoed
-    # Each shipped placeholder (and compose.yaml's documented `change-me`) is refused
+    # Each shipped placeholder (and the `change-me` key older docs used) is refused
     # wherever a secret goes, also once a real key is given beside it.
     for value in [*example.values(), "change-me"]:
         with pytest.raises(ValidationError, match="example value"):

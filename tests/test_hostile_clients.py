@@ -474,3 +474,49 @@ async def test_the_share_covers_every_kind_of_stream(key_prefix: str) -> None:
                 # The operator's key is a reader of its own.
                 async with client.stream("GET", paths[0], headers=auth) as response:
                     assert response.status_code == 200
+
+
+# Documented in docs/operations.md ("Memory under hostile clients").
+STUCK_READER_BYTES = 300 * 1024
+
+
+@pytest.mark.timeout(120)
+def test_readers_that_stop_reading_hold_a_bounded_amount_each(tmp_path: Path) -> None:
+    readers = 300
+    env = {"GATEWAY_SSE_SEND_TIMEOUT_SECONDS": "120"}  # stuck for the whole test
+    with (
+        gateway_process(tmp_path, **env) as gateway,
+        httpx.Client(base_url=gateway.base, timeout=30) as client,
+    ):
+        claim = client.post("/v1/runs", json={}).json()
+        run_id, token = claim["run_id"], claim["producer_token"]
+        before = gateway.rss_bytes()
+        stuck: list[socket.socket] = []
+        try:
+            for _ in range(readers):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", gateway.port))
+                request = f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                sock.sendall(request.encode())
+                stuck.append(sock)
+            batch = [{"event": "token", "data": "x" * 16_384}] * 50
+            peak = before
+            for _ in range(10):  # 8 MB each reader would get, far past its buffers
+                response = client.post(
+                    f"/v1/runs/{run_id}/events",
+                    json={"events": batch},
+                    headers={"X-Producer-Token": token},
+                )
+                assert response.status_code == 200
+                peak = max(peak, gateway.rss_bytes())
+            # Every reader's task has written what its buffers take, and waits.
+            for _ in range(20):
+                peak = max(peak, gateway.rss_bytes())
+                time.sleep(0.1)
+        finally:
+            for sock in stuck:
+                sock.close()
+        grown = peak - before
+        assert grown < readers * STUCK_READER_BYTES + 16 * MB, f"{grown / MB:.1f} MB"
+        print(f"{readers} stuck readers: RSS grew by {grown / MB:.1f} MB")

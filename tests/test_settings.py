@@ -144,6 +144,11 @@ SERVICE_LINKS = {
     "GATEWAY_PORT_80_TCP_PROTO": "tcp",
     "GATEWAY_PORT_80_TCP_PORT": "80",
     "GATEWAY_PORT_80_TCP_ADDR": "10.0.0.1",
+    # and for a Service named `gateway-redis` in the same namespace
+    "GATEWAY_REDIS_SERVICE_HOST": "10.0.0.2",
+    "GATEWAY_REDIS_SERVICE_PORT": "6379",
+    "GATEWAY_REDIS_PORT": "tcp://10.0.0.2:6379",
+    "GATEWAY_REDIS_PORT_6379_TCP_ADDR": "10.0.0.2",
 }
 
 

@@ -40,6 +40,8 @@ _ERRORS: Final[dict[str, str]] = {
     "415": "unsupported_media_type: a POST without Content-Type: application/json",
     "422": "invalid_input / malformed field: bad run id, event name, status, type...; "
     "reserved_event_name; number_out_of_range (an integer beyond 64 bits)",
+    "429": "too_many_streams: this reader holds its share of the open streams; retry after "
+    "Retry-After seconds",
     "503": "backend_unavailable / bridge_closed: retry after Retry-After seconds",
 }
 
@@ -48,7 +50,7 @@ def _errors(*codes: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for code in codes:
         out[code] = _err(_ERRORS[code])
-        if code == "503":
+        if code in ("429", "503"):
             out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
     return out
 
@@ -268,6 +270,7 @@ def _body(schema: dict[str, Any], required: bool) -> dict[str, Any]:
 
 _PRODUCER_ERRORS: Final = ("400", "401", "403", "409", "413", "415", "422", "503")
 _READER_ERRORS: Final = ("401", "403", "404", "422", "503")
+_STREAM_ERRORS: Final = (*_READER_ERRORS, "429")  # what holds a connection has a share
 _API_KEY: Final[list[dict[str, list[str]]]] = [{"bearer": []}]
 _READER_AUTH: Final[list[dict[str, list[str]]]] = [{"bearer": []}, {"accessToken": []}]
 
@@ -348,7 +351,7 @@ _PATHS: Final[dict[str, Any]] = {
             "responses": {
                 "200": _SSE_200,
                 "204": _SSE_TERMINAL_204,
-                **_errors(*_READER_ERRORS),
+                **_errors(*_STREAM_ERRORS),
             },
         }
     },
@@ -371,7 +374,7 @@ _PATHS: Final[dict[str, Any]] = {
             "responses": {
                 "200": _json(_ref("WaitDone"), "The run ended"),
                 "202": _json(_ref("WaitRunning"), "Still running at the timeout"),
-                **_errors(*_READER_ERRORS),
+                **_errors(*_STREAM_ERRORS),
             },
         }
     },
@@ -412,7 +415,7 @@ _PATHS: Final[dict[str, Any]] = {
                     **_SSE_200,
                     "headers": {"Location": {"schema": {"type": "string"}}},
                 },
-                **_errors(*_READER_ERRORS),
+                **_errors(*_STREAM_ERRORS),
             },
         }
     },
@@ -428,7 +431,7 @@ _PATHS: Final[dict[str, Any]] = {
                     **_SSE_200,
                     "headers": {"Location": {"schema": {"type": "string"}}},
                 },
-                **_errors(*_READER_ERRORS),
+                **_errors(*_STREAM_ERRORS),
             },
         }
     },
