@@ -263,6 +263,12 @@ class RedisStreamBridge:
         """Turns at the connection pool, for stores that share the command client."""
         return self._turns
 
+    async def command(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run one read or idempotent operation of a store that lives beside the runs
+        (sessions) on the bridge's call boundary: a turn at the pool, the command
+        deadline, its retries and its error mapping (never the server's address)."""
+        return await self._call(operation)
+
     @property
     def notifier(self) -> Notifier:
         """The process's change notifications, for stores that signal through them too."""

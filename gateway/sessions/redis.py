@@ -30,7 +30,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -86,6 +86,33 @@ async def _gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
     return results
 
 
+class CallBoundary(Protocol):
+    """Where a Redis call is made: the bridge's (`RedisStreamBridge.command`)."""
+
+    async def command(self, operation: Callable[[], Awaitable[R]]) -> R: ...
+
+
+class _Bounded:
+    """A boundary for a store used without a bridge (tools, tests): the same rules,
+    the command deadline and errors that never name the server."""
+
+    def __init__(self, settings: Settings, turns: AbstractAsyncContextManager[None]) -> None:
+        self._timeout = settings.redis_command_timeout_seconds
+        self._turns = turns
+
+    async def command(self, operation: Callable[[], Awaitable[R]]) -> R:
+        try:
+            async with self._turns:
+                with anyio.fail_after(self._timeout):
+                    return await operation()
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"Redis did not answer within {self._timeout:g} s") from exc
+        except _BACKEND_ERRORS as exc:
+            raise BackendUnavailable("Redis is unavailable") from exc
+        except redis_errors.RedisError as exc:
+            raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
+
+
 def _record(run_id: str, reply: list[Any]) -> dict[str, Any] | None:
     """A turn record as readers get it (the shape of `turns.new_turn`), from `turn_read`."""
     if not reply:
@@ -122,12 +149,15 @@ class RedisSessionStore:
         client: RedisClient,
         *,
         notifier: Notifier | None = None,
-        turns: AbstractAsyncContextManager[None] | None = None,
+        boundary: CallBoundary | None = None,
     ) -> None:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
-        # The bridge's turns at the pool they share (see bridge/redis_turns.py).
-        self._turns = turns or asyncio.Semaphore(settings.redis_max_connections)
+        # Every call goes through the bridge's boundary (turns at the pool they share,
+        # deadline, retries, error mapping: bridge/redis.py), or the same rules alone.
+        self._boundary = boundary or _Bounded(
+            settings, asyncio.Semaphore(settings.redis_max_connections)
+        )
         self._notifier = notifier  # the bridge's: session feeds wait on it
         self._index = index_keys(self._prefix)
         self._scripts: dict[str, AsyncScript] = {
@@ -147,14 +177,7 @@ class RedisSessionStore:
         return self._notifier.watch(self._keys(session_id).feed)
 
     async def _call(self, operation: Callable[[], Awaitable[R]]) -> R:
-        # Errors name what failed, never the server's address (readers may see them).
-        try:
-            async with self._turns:
-                return await operation()
-        except _BACKEND_ERRORS as exc:
-            raise BackendUnavailable("Redis is unavailable") from exc
-        except redis_errors.RedisError as exc:
-            raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
+        return await self._boundary.command(operation)
 
     async def ensure_scripts(self) -> int:
         """Readiness: load any of the session scripts Redis lacks; how many it loaded."""
