@@ -867,9 +867,11 @@ class _Reader:
         self.checked = start.kind == "valid"
         if start.kind == "malformed" and newest is not None and not isinstance(newest, End):
             # Malformed cursor: an active stream is followed from its live tail only;
-            # an ended one is replayed through its END.
+            # an ended one is replayed through its END. That tail is a position the
+            # reader holds from now on: a trim past it before the first read is a gap.
             assert newest.id is not None
             self.position = parse_cursor(newest.id)
+            self.checked = True
         self.seen_stream = newest is not None
         self.seen_record = False
         self.caught_up = False
