@@ -382,3 +382,24 @@ async def test_resuming_in_a_turn_whose_log_is_gone_is_the_run_s_gap(
             assert isinstance(items[-1], StreamGap), items
             assert items[-1].reason == "stream_removed"
             assert not any(isinstance(item, End | StreamEvent) for item in items)
+
+
+async def test_index_reads_stay_within_a_small_pool(
+    backend: str, key_prefix: str, request: pytest.FixtureRequest
+) -> None:
+    """A page of the parked listing reads a record per row: in one round trip on one
+    connection, never a connection per row (a small pool would run out)."""
+    if backend == "memory":
+        pytest.skip("Redis connection pool")
+    url = request.getfixturevalue("redis_url")
+    with anyio.fail_after(TIMEOUT):
+        async with opened(backend, key_prefix, url, redis_max_connections=4) as (bridge, store):
+            sessions = [sid() for _ in range(30)]
+            for s in sessions:
+                claim = await bridge.claim(rid(), session_id=s, input_message=MESSAGE)
+                await bridge.publish(
+                    claim.run_id, "state", "input-required", producer_token=claim.token
+                )
+            rows = await store.list_sessions(50, parked=True)
+            assert sorted(row["session_id"] for row in rows) == sorted(sessions)
+            assert {row["last_state"] for row in rows} == {"input-required"}

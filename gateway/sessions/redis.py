@@ -190,14 +190,39 @@ class RedisSessionStore:
 
     async def _records(self, run_ids: Sequence[str]) -> list[dict[str, Any] | None]:
         """The turn records of these runs (None where there is none), each read
-        atomically in its run's slot; concurrently (they are in many slots)."""
-        script = self._scripts["turn_read"]
-        calls = []
+        atomically in its run's slot (`turn_read`), in one round trip."""
+        calls: list[tuple[list[str], list[Any]]] = []
         for run_id in run_ids:
             keys = run_keys(self._prefix, check_run_id(run_id))
-            calls.append(functools.partial(script, keys=[keys.turn, keys.text]))
-        replies = await self._call(lambda: _gather(calls))
+            calls.append(([keys.turn, keys.text], []))
+        replies = await self._many("turn_read", calls)
         return [_record(r, reply) for r, reply in zip(run_ids, replies, strict=True)]
+
+    async def _many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """One script per (keys, args), pipelined (one round trip on one server, on one
+        connection of the pool); concurrent calls on Cluster, whose pipelines refuse
+        scripts."""
+        if not calls:
+            return []
+        script = self._scripts[name]
+        if isinstance(self._redis, RedisCluster):
+            parts = [functools.partial(script, keys=keys, args=args) for keys, args in calls]
+            return await self._call(lambda: _gather(parts))
+
+        async def run() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                return list(await pipe.execute())
+
+        try:
+            return await self._call(run)
+        except BackendUnavailable as exc:
+            if not isinstance(exc.__cause__, redis_errors.NoScriptError):
+                raise
+        # SCRIPT FLUSH or a fresh server: load it again and retry once
+        await self._call(lambda: self._redis.script_load(script.script))
+        return await self._call(run)
 
     async def _turns_of(
         self, session_id: str, want: int, after: int | None = None
@@ -386,27 +411,7 @@ class RedisSessionStore:
         return await self._call(read)
 
     async def _read_rows(self, session_ids: list[str], want_ids: int, after: str = "") -> list[Any]:
-        """`session_read` for each id, pipelined (one round trip; per node in Cluster)."""
-        script = self._scripts["session_read"]
-        if isinstance(self._redis, RedisCluster):
-            # a cluster pipeline refuses EVALSHA: run the per-slot scripts concurrently
-            calls = [
-                functools.partial(script, keys=self._keys(sid).lists, args=[want_ids, after])
-                for sid in session_ids
-            ]
-            return await self._call(lambda: _gather(calls))
-
-        async def run() -> list[Any]:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for sid in session_ids:
-                    pipe.evalsha(script.sha, 3, *self._keys(sid).lists, want_ids, after)
-                return list(await pipe.execute())
-
-        try:
-            return await self._call(run)
-        except BackendUnavailable as exc:
-            if not isinstance(exc.__cause__, redis_errors.NoScriptError):
-                raise
-        # SCRIPT FLUSH or a fresh server: load it again and retry once
-        await self._call(lambda: self._redis.script_load(script.script))
-        return await self._call(run)
+        """`session_read` for each id, in one round trip (see `_many`)."""
+        return await self._many(
+            "session_read", [(self._keys(sid).lists, [want_ids, after]) for sid in session_ids]
+        )
