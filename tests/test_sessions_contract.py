@@ -18,6 +18,7 @@ from uuid import uuid4
 import anyio
 import orjson
 import pytest
+from redis.asyncio import Redis
 
 from gateway.bridge.memory import MemoryStreamBridge
 from gateway.bridge.provider import open_bridge
@@ -26,6 +27,7 @@ from gateway.sessions import turns as T
 from gateway.sessions.base import SessionStore
 from gateway.sessions.cursor import SessionCursor
 from gateway.sessions.feed import TurnOpened, follow_session
+from gateway.sessions.keys import session_keys
 from gateway.sessions.provider import session_store_for
 from gateway.sessions.shaping import shape_input_message
 from gateway.settings import Settings
@@ -403,3 +405,43 @@ async def test_index_reads_stay_within_a_small_pool(
             rows = await store.list_sessions(50, parked=True)
             assert sorted(row["session_id"] for row in rows) == sorted(sessions)
             assert {row["last_state"] for row in rows} == {"input-required"}
+
+
+async def test_a_record_from_before_the_upgrade_is_settled_from_its_run(
+    backend: str, key_prefix: str, request: pytest.FixtureRequest
+) -> None:
+    """A record the previous layout wrote (in the session's slot, by the HTTP route after
+    the append) is still read, and settled from its run: left `running` by a lost hook,
+    it takes the run's END status; a clear removes it with the session."""
+    if backend == "memory":
+        pytest.skip("nothing in process memory outlives an upgrade")
+    url = request.getfixturevalue("redis_url")
+    s, r = sid(), rid()
+    with anyio.fail_after(TIMEOUT):
+        async with opened(backend, key_prefix, url) as (bridge, store):
+            claim = await bridge.claim(r)  # the run, as the new code sees it
+            await bridge.publish(r, "token", "hi", producer_token=claim.token)
+            keys = session_keys(key_prefix, s)
+            old = T.new_turn(s, r, shape_input_message(MESSAGE), 1_700_000_000.0)
+            T.apply_events(old, [("token", "hi")], 1_700_000_001.0)
+            raw = Redis.from_url(url)
+            try:
+                await raw.hset(keys.legacy_prefix + r, mapping={"rev": 2, "state": "running"})
+                await raw.hset(keys.legacy_prefix + r, "doc", encode_json(old))
+                await raw.zadd(keys.legacy_turns, {r: 1_700_000_001.0})
+                await raw.zadd(keys.legacy_exp, {r: float("inf")})
+            finally:
+                await raw.aclose()
+            (turn,) = await store.list_turns(s)
+            assert (turn["run_id"], turn["state"], turn["text"]) == (r, "running", "hi")
+            assert await store.running_turn(s) == r
+            await bridge.publish_end(r, "success", producer_token=claim.token)
+            (turn,) = await store.list_turns(s)
+            assert turn["state"] == "success"  # settled from the run
+            assert await store.running_turn(s) is None
+            new = await bridge.claim(rid(), session_id=s, input_message=MESSAGE)
+            turns = await store.list_turns(s)
+            assert [t["run_id"] for t in turns] == [r, new.run_id]  # the old one first
+            await bridge.publish_end(new.run_id, "success", producer_token=new.token)
+            assert sorted(await store.delete_session(s, retire=False)) == sorted([r, new.run_id])
+            assert await store.list_turns(s) == []

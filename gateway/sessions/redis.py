@@ -162,7 +162,13 @@ class RedisSessionStore:
         self._index = index_keys(self._prefix)
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(lua_source(name))
-            for name in ("session_read", "session_delete", "session_index", "turn_read")
+            for name in (
+                "session_read",
+                "session_delete",
+                "session_index",
+                "turn_read",
+                "session_legacy",
+            )
         }
 
     # -- plumbing ---------------------------------------------------------------
@@ -236,10 +242,10 @@ class RedisSessionStore:
         (reply,) = await self._read_rows([session_id], want, "" if after is None else str(after))
         if as_text(reply[0]) != "ok":
             return None
-        seq, now_ms = as_text(reply[3]), int(as_text(reply[4]))
+        seq, now_ms, legacy = as_text(reply[3]), int(as_text(reply[4])), int(reply[5])
         entries = [
             (as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]))
-            for i in range(5, len(reply) - 2, 3)
+            for i in range(6, len(reply) - 2, 3)
         ]
         records = await self._records([run_id for run_id, _, _ in entries])
         found: list[dict[str, Any]] = []
@@ -256,8 +262,36 @@ class RedisSessionStore:
                 stale += [run_id, order]
         if stale:
             await self._script("session_delete", keys.lists, ["prune", *stale])
-        found.sort(key=lambda d: (d["order"], d["run_id"]))
-        return found, seq
+        if legacy and after is None:  # records from before the order come first
+            found = [*await self._legacy(session_id, want), *found]
+        found.sort(key=lambda d: (d["order"], d["created_at"], d["run_id"]))
+        return found[-want:], seq
+
+    async def _legacy(self, session_id: str, want: int) -> list[dict[str, Any]]:
+        """The session's records from before this layout (an upgrade), settled from their
+        runs: one its old writer left `running` (or parked) whose run has ended since
+        takes the run's END status. They sort before every turn with an order."""
+        keys = self._keys(session_id)
+        reply = await self._script(
+            "session_legacy",
+            [keys.legacy_turns, keys.legacy_exp],
+            ["read", keys.legacy_prefix, max(want, 1)],
+        )
+        docs = [orjson.loads(reply[i + 1]) for i in range(0, len(reply) - 1, 2)]
+        metas = [run_keys(self._prefix, check_run_id(str(d["run_id"]))).meta for d in docs]
+
+        async def statuses() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for meta in metas:
+                    pipe.hget(meta, "status")
+                return list(await pipe.execute())
+
+        for doc, status in zip(docs, await self._call(statuses) if docs else [], strict=True):
+            doc.setdefault("order", 0)
+            ended = as_text(status) if status is not None else ""
+            if ended and ended != T.RUNNING and doc.get("state") in T.LIVE_STATES:
+                doc["state"] = ended
+        return docs
 
     async def turn_of(self, session_id: str, run_id: str) -> dict[str, Any] | None:
         check_session_id(session_id)
@@ -299,6 +333,12 @@ class RedisSessionStore:
         else:
             raise BackendUnavailable(f"session {session_id!r}: too many claims, try again")
         run_ids = [as_text(run_id) for run_id in reply[1:]]
+        old = await self._script(
+            "session_legacy",
+            [keys.legacy_turns, keys.legacy_exp],
+            ["delete", keys.legacy_prefix],
+        )
+        run_ids += [as_text(run_id) for run_id in old if as_text(run_id) not in run_ids]
         for run_id in run_ids:
             run = run_keys(self._prefix, run_id)
             await self._call(lambda run=run: self._redis.delete(run.turn, run.text))  # type: ignore[misc]
@@ -376,8 +416,8 @@ class RedisSessionStore:
         replies = await self._read_rows(session_ids, 1)
         newest: list[str | None] = []
         for reply in replies:
-            ok = as_text(reply[0]) == "ok" and int(reply[2]) > 0 and len(reply) > 5
-            newest.append(as_text(reply[5]) if ok else None)
+            ok = as_text(reply[0]) == "ok" and int(reply[2]) > 0 and len(reply) > 6
+            newest.append(as_text(reply[6]) if ok else None)
         states: dict[str, str] = {}
         if parked:
             runs = [r for r in newest if r is not None]
@@ -413,5 +453,5 @@ class RedisSessionStore:
     async def _read_rows(self, session_ids: list[str], want_ids: int, after: str = "") -> list[Any]:
         """`session_read` for each id, in one round trip (see `_many`)."""
         return await self._many(
-            "session_read", [(self._keys(sid).lists, [want_ids, after]) for sid in session_ids]
+            "session_read", [(self._keys(sid).reads, [want_ids, after]) for sid in session_ids]
         )
