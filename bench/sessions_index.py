@@ -22,6 +22,8 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gateway.bridge.redis import RedisStreamBridge  # noqa: E402
+from gateway.sessions.provider import session_store_for  # noqa: E402
 from gateway.sessions.redis import RedisSessionStore  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from tests.redis_servers import RedisServer  # noqa: E402
@@ -30,10 +32,11 @@ SESSIONS = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
 PARKED_EVERY = 10  # every 10th session has a parked newest turn
 REPEAT = 50
 WORKERS = 64
-T0 = 1_700_000_000.0
 
 
-async def fill(store: RedisSessionStore) -> None:
+async def fill(bridge: RedisStreamBridge) -> None:
+    """Turns written as producers write them: the bridge's claim, append and END (which
+    write the turn records themselves)."""
     next_index = iter(range(SESSIONS))
 
     async def worker() -> None:
@@ -44,14 +47,12 @@ async def fill(store: RedisSessionStore) -> None:
                 "role": "user",
                 "parts": [{"kind": "text", "text": f"question {i}"}],
             }
-            await store.start_turn(session_id, run_id, message, T0 + i)
-            await store.apply_events(session_id, run_id, [("token", "answer ")], T0 + i + 0.5)
+            claim = await bridge.claim(run_id, session_id=session_id, input_message=message)
+            await bridge.publish(run_id, "token", "answer ", producer_token=claim.token)
             if i % PARKED_EVERY == 0:
-                await store.apply_events(
-                    session_id, run_id, [("state", "input-required")], T0 + i + 0.6
-                )
+                await bridge.publish(run_id, "state", "input-required", producer_token=claim.token)
             else:
-                await store.end_turn(session_id, run_id, "success", T0 + i + 0.7)
+                await bridge.publish_end(run_id, "success", producer_token=claim.token)
 
     async with anyio.create_task_group() as tg:
         for _ in range(WORKERS):
@@ -92,9 +93,12 @@ async def measure(client: Redis, store: RedisSessionStore, parked: bool) -> None
 async def main() -> None:
     with RedisServer() as server:
         client = Redis.from_url(server.url)
-        store = RedisSessionStore(Settings(redis_url=server.url), client)
+        settings = Settings(redis_url=server.url)
+        bridge = RedisStreamBridge.connect(settings)
+        store = session_store_for(bridge, settings)
+        assert isinstance(store, RedisSessionStore)
         start = time.perf_counter()
-        await fill(store)
+        await fill(bridge)
         filled = time.perf_counter() - start
         keys = await client.dbsize()
         print(
@@ -103,6 +107,7 @@ async def main() -> None:
         )
         await measure(client, store, parked=False)
         await measure(client, store, parked=True)
+        await bridge.close()
         await client.aclose()
 
 

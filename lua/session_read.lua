@@ -3,22 +3,25 @@
 -- reads them next, and drops entries whose record is gone (session_delete.lua "prune").
 --
 -- KEYS[1]  tombstone   KEYS[2]  session meta   KEYS[3]  order zset
+-- KEYS[4]  the `turns` zset of records from before the order (session_legacy.lua)
 -- ARGV[1]  how many run ids to return (0 = only one)
 -- ARGV[2]  "" for the newest, highest order first; else an order: those above it,
 --          lowest first
 --
 -- Returns {"retired"}
---       | {"ok", last_updated or "", entry count, seq, now (ms, the server's clock),
+--       | {"ok", last_updated or "", entry count (legacy ones included), seq,
+--          now (ms, the server's clock), legacy entry count,
 --          run_id, order, claimed (ms, "" if unknown), run_id, order, claimed, ...}
 --         (seq: the last order handed out, what a clear compares)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'retired'}
 end
-local count = redis.call('ZCARD', KEYS[3])
+local legacy = redis.call('ZCARD', KEYS[4])
+local count = redis.call('ZCARD', KEYS[3]) + legacy
 local meta = redis.call('HMGET', KEYS[2], 'last_updated', 'seq')
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local out = {'ok', meta[1] or '', count, meta[2] or '0', now}
+local out = {'ok', meta[1] or '', count, meta[2] or '0', now, legacy}
 local want = math.max(tonumber(ARGV[1]), 1)
 local ids
 if (ARGV[2] or '') == '' then

@@ -216,3 +216,30 @@ async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(
         await subscription.aclose()
     assert isinstance(item, StreamEvent) and item.id == ids[0]
     assert reads <= 2, reads  # its first look (and the feed's), then it waits
+
+
+async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """Issue #25 item 8: a malformed cursor starts at the log's live tail (a lookup of its
+    own); a trim past that tail before the reader's first read is a gap, never a silent
+    skip. The two steps of `_follow` are taken by hand so the trim lands between them."""
+    from gateway.bridge import rules
+    from gateway.bridge.redis import RedisStreamBridge, _Reader
+
+    settings = Settings(
+        redis_url=redis_server.url, redis_key_prefix=key_prefix, max_events_per_run=3
+    )
+    with anyio.fail_after(20):
+        async with open_bridge(settings) as bridge:
+            assert isinstance(bridge, RedisStreamBridge)
+            claim = await bridge.claim("malformed-floor", lease_seconds=60)
+            for n in range(2):
+                await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
+            keys = run_keys(key_prefix, "malformed-floor")
+            newest = await bridge._tail(keys)  # the reader's first step
+            reader = _Reader(rules.parse_start("not-a-cursor"), newest)
+            for n in range(2, 7):  # meanwhile: appends that trim past that tail
+                await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
+            decided = reader.decide(await bridge._read(keys, reader.after))  # its first read
+            assert isinstance(decided, rules.Bounds), decided  # behind the floor: a gap

@@ -90,3 +90,42 @@ async def test_requests_and_streams_answer_within_the_command_timeout(
                     ended = time.monotonic() - started
     assert status == 503 and answered < STALL - 2, (status, answered)
     assert frames and frames[-1].event == "unavailable" and ended < STALL - 1
+
+
+async def test_session_routes_answer_within_the_command_timeout(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """Issue #25 item 6: the session store calls Redis through the bridge's boundary, so
+    its routes answer 503 within the command timeout too, and the session feed ends with
+    an `unavailable` frame that names no server address."""
+    server = redis_server_factory("--enable-debug-command", "yes")
+    settings = make_settings("redis", server.url, key_prefix, redis_command_timeout_seconds=TIMEOUT)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=30) as client:
+            producer = await ProducerClient.claim(client, session_id="stalled")
+            await producer.publish(("token", "a"))
+            frames = []
+            async with client.stream("GET", "/v1/sessions/stalled/stream") as response:
+                stream = iter_frames(response)
+                async for frame in stream:
+                    if frame.event == "token":
+                        break
+                await producer.end()  # the feed now waits for the next turn
+                async for frame in stream:
+                    if frame.event == "turn_end":
+                        break
+                with stalled(server):
+                    started = time.monotonic()
+                    turns = await client.get("/v1/sessions/stalled/turns")
+                    listed = await client.get("/v1/sessions")
+                    answered = time.monotonic() - started
+                    with anyio.fail_after(STALL - 1):
+                        async for frame in stream:
+                            frames.append(frame)
+                            if frame.event == "unavailable":
+                                break
+                    ended = time.monotonic() - started
+    assert (turns.status_code, listed.status_code) == (503, 503), (turns.text, listed.text)
+    assert answered < STALL - 2, answered
+    assert frames and frames[-1].event == "unavailable" and ended < STALL - 1
+    assert str(server.port) not in frames[-1].data.decode()

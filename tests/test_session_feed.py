@@ -550,3 +550,75 @@ async def test_a_turn_announced_while_the_notifier_reconnects_still_reaches_the_
                     got = await feed.events(3)
                     assert_turn(got[0], "nr-r2")
                     assert_turn_end(got[2], "nr-r2")
+
+
+FEED_SECRET = "feed-expiry-secret-with-enough-bytes-for-hs256"
+
+
+@pytest.mark.gateway_settings(jwt_secret=FEED_SECRET, api_keys=("expiry-key",))
+async def test_the_feed_ends_when_its_token_expires(gateway_server: RunningServer) -> None:
+    """Issue #25 item 5: the feed stops at the token's expiry (a `token expired` comment,
+    a clean end), and follows no later turn on the expired token."""
+    secret = FEED_SECRET
+    auth = {"Authorization": "Bearer expiry-key"}
+    async with (
+        httpx.AsyncClient(base_url=gateway_server.base_url, timeout=15, headers=auth) as p,
+        httpx.AsyncClient(base_url=gateway_server.base_url, timeout=15) as c,
+    ):
+        _, ids = await turn(p, "sx", "sx-r1", ["a"], end=False)
+        token = mint_subscriber_token(secret, sessions=["sx"], ttl_seconds=1.5)
+        frames = []
+        with anyio.fail_after(15):
+            async with c.stream(
+                "GET", "/v1/sessions/sx/stream", params={"access_token": token}
+            ) as response:
+                assert response.status_code == 200
+                async for frame in iter_frames(response):
+                    frames.append(frame)
+        assert [f.id for f in frames if f.id] == ["sx-r1/0-0", f"sx-r1/{ids[0]}"]
+        assert any(b"token expired" in comment for f in frames for comment in f.comments)
+        again = await c.get("/v1/sessions/sx/stream", params={"access_token": token})
+        assert again.status_code == 401 and again.json()["error"] == "token_expired"
+
+
+async def test_turn_frames_go_through_the_one_encoder(client: httpx.AsyncClient) -> None:
+    """Issue #25 item 7: the `turn` and `turn_end` frames carry what was stored, and no
+    frame carries a raw U+2028, U+2029 or U+0085 (a line splitter would forge lines)."""
+    text = "one\u2028two\u2029three\u0085four"
+    message = {"messageId": "m-1", "role": "user", "parts": [{"kind": "text", "text": text}]}
+    producer = await ProducerClient.claim(
+        client, run_id="sep-r1", session_id="sep", input_message=message
+    )
+    body = b""
+    with anyio.fail_after(TIMEOUT):
+        async with client.stream("GET", "/v1/sessions/sep/stream") as response:
+            ended = False
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if not ended and b"event: turn\n" in body and body.endswith(b"\n\n"):
+                    ended = True
+                    await producer.end("error", {"message": text})
+                if b"event: turn_end" in body and body.endswith(b"\n\n"):
+                    break
+    for separator in ("\u2028", "\u2029", "\u0085"):
+        assert separator.encode() not in body
+    data = {
+        frame.split(b"event: ", 1)[1].split(b"\n", 1)[0]: json.loads(frame.split(b"data: ", 1)[1])
+        for frame in body.split(b"\n\n")
+        if b"event: " in frame
+    }
+    assert data[b"turn"]["input_message"]["parts"][0]["text"] == text
+    assert data[b"turn_end"]["error"] == {"message": text}
+
+
+def test_no_frame_is_built_with_a_bare_json_dump() -> None:
+    """Issue #25 item 7, made mechanical: the streaming modules of `gateway/http` encode
+    every frame through `values.encode_json` (the U+2028 rule), never a bare dump."""
+    http = Path(__file__).resolve().parent.parent / "gateway" / "http"
+    offenders = []
+    for module in sorted(http.glob("*.py")):
+        source = module.read_text(encoding="utf-8")
+        streaming = "SSEResponse" in source or "Framing" in source or module.name == "frames.py"
+        if streaming and ("orjson.dumps(" in source or "json.dumps(" in source):
+            offenders.append(module.name)
+    assert offenders == []

@@ -171,3 +171,46 @@ async def test_graceful_shutdown_is_an_interrupted_stream(key_prefix: str) -> No
                         if len(_data_lines(body)) == 3:
                             srv.server.should_exit = True  # SIGTERM-equivalent
     assert _data_lines(body) == [orjson.dumps(chunk) for chunk in CHUNKS[:3]]
+
+
+async def test_the_error_chunk_goes_through_the_one_encoder(client: httpx.AsyncClient) -> None:
+    """Issue #25 item 7: no frame carries a raw U+2028, U+2029 or U+0085, the error chunk
+    (built from the producer's END error) included."""
+    producer = await ProducerClient.claim(client, session_id="ui-separators")
+    await _publish(producer, CHUNKS[:2])
+    async with client.stream("GET", _url("ui-separators")) as response:
+        assert response.status_code == 200
+        await producer.end("error", {"message": "line\u2028break\u2029and\u0085more"})
+        body = await response.aread()
+    for raw in ("\u2028", "\u2029", "\u0085"):
+        assert raw.encode() not in body
+    last = orjson.loads(_data_lines(body)[-1])
+    assert "line\u2028break\u2029and\u0085more" in last["errorText"]
+
+
+UI_SECRET = "ui-expiry-secret-with-enough-bytes-for-hs256"
+
+
+@pytest.mark.gateway_settings(jwt_secret=UI_SECRET, api_keys=("expiry-key",))
+async def test_the_ui_stream_ends_when_its_token_expires(
+    gateway_server: http_server.RunningServer,
+) -> None:
+    """Issue #25 item 5: like the run stream; as an interrupted stream (no `[DONE]`, no
+    error chunk), which the page resumes with a fresh token."""
+    secret = UI_SECRET
+    auth = {"Authorization": "Bearer expiry-key"}
+    async with (
+        httpx.AsyncClient(base_url=gateway_server.base_url, timeout=15, headers=auth) as p,
+        httpx.AsyncClient(base_url=gateway_server.base_url, timeout=15) as c,
+    ):
+        producer = await ProducerClient.claim(p, session_id="ui-expiry")
+        await _publish(producer, CHUNKS[:2])
+        token = mint_subscriber_token(secret, sessions=["ui-expiry"], ttl_seconds=1.5)
+        body = b""
+        with anyio.fail_after(15), pytest.raises(httpx.RemoteProtocolError):
+            async with c.stream("GET", _url("ui-expiry"), params={"access_token": token}) as r:
+                assert r.status_code == 200
+                async for chunk in r.aiter_raw():
+                    body += chunk
+        assert _data_lines(body) == [encode_json(chunk) for chunk in CHUNKS[:2]]
+        await producer.end()

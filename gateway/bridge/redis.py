@@ -262,6 +262,12 @@ class RedisStreamBridge:
         """Turns at the connection pool, for stores that share the command client."""
         return self._turns
 
+    async def command(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run one read or idempotent operation of a store that lives beside the runs
+        (sessions) on the bridge's call boundary: a turn at the pool, the command
+        deadline, its retries and its error mapping (never the server's address)."""
+        return await self._call(operation)
+
     @property
     def notifier(self) -> Notifier:
         """The process's change notifications, for stores that signal through them too."""
@@ -863,9 +869,11 @@ class _Reader:
         self.checked = start.kind == "valid"
         if start.kind == "malformed" and newest is not None and not isinstance(newest, End):
             # Malformed cursor: an active stream is followed from its live tail only;
-            # an ended one is replayed through its END.
+            # an ended one is replayed through its END. That tail is a position the
+            # reader holds from now on: a trim past it before the first read is a gap.
             assert newest.id is not None
             self.position = parse_cursor(newest.id)
+            self.checked = True
         self.seen_stream = newest is not None
         self.seen_record = False
         self.caught_up = False

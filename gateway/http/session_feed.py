@@ -18,7 +18,9 @@ names the session (a token scoped to runs only is a 403).
 
 The response is the run stream's (`sse.SSEResponse`: disconnect watcher, drain, send
 timeout, coalesced writes) with its own framing; while it follows a turn, that turn's
-run is watched by the liveness monitor like any run with a reader here.
+run is watched by the liveness monitor like any run with a reader here. A feed opened
+with a token ends when the token expires, as the run stream does (its last frame the
+`token expired` comment; the client reconnects with a fresh token and its cursor).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -38,8 +39,9 @@ from ..names import check_session_id
 from ..sessions.cursor import RETIRED as RETIRED_CURSOR
 from ..sessions.cursor import TURN_START, SessionCursor, parse_session_cursor
 from ..sessions.feed import FeedStep, Retired, TurnOpened, follow_session
-from ..values import End, Heartbeat, StreamEvent, StreamGap
+from ..values import End, Heartbeat, StreamEvent, StreamGap, encode_json
 from . import access
+from .errors import public_detail
 from .frames import HEARTBEAT_FRAME, SHUTDOWN_FRAME, event_frame, gap_payload
 from .observe import record_of
 from .responses import no_content
@@ -53,7 +55,8 @@ Follow = Callable[[Callable[[str | None], None]], AsyncGenerator[FeedStep, None]
 
 
 def _frame(cursor: bytes, event: bytes, payload: Any) -> bytes:
-    return b"id: %s\nevent: %s\ndata: %s\n\n" % (cursor, event, orjson.dumps(payload))
+    # the one encoder: no frame carries a raw U+2028, U+2029 or U+0085 (values.py)
+    return b"id: %s\nevent: %s\ndata: %s\n\n" % (cursor, event, encode_json(payload))
 
 
 def turn_frame(opened: TurnOpened) -> bytes:
@@ -94,7 +97,7 @@ def feed_unavailable_frame(session_id: str, detail: str) -> bytes:
         "detail": detail,
         "recovery": "reconnect",
     }
-    return b"event: unavailable\ndata: %s\n\n" % orjson.dumps(payload)
+    return b"event: unavailable\ndata: %s\n\n" % encode_json(payload)
 
 
 class SessionFeedResponse(SSEResponse):
@@ -108,6 +111,7 @@ class SessionFeedResponse(SSEResponse):
         registry: SubscriptionRegistry,
         send_timeout: float,
         metrics: Any = None,
+        expires_at: float | None = None,
     ) -> None:
         super().__init__(
             run_id=session_id,
@@ -115,6 +119,7 @@ class SessionFeedResponse(SSEResponse):
             registry=registry,
             send_timeout=send_timeout,
             metrics=metrics,
+            expires_at=expires_at,
         )
         self.session_id = session_id
         self._follow = follow
@@ -157,7 +162,11 @@ class SessionFeedResponse(SSEResponse):
         """Read a step, write it; until the feed ends, a drain or a backend failure."""
         while True:
             if stream.draining:
-                await self._last_frame(send, stream, SHUTDOWN_FRAME, Outcome.DRAIN)
+                if stream.expired:  # the reader's token expired: as the run stream ends
+                    frame = self._framing.token_expired()
+                    await self._last_frame(send, stream, frame, Outcome.TOKEN_EXPIRED)
+                else:
+                    await self._last_frame(send, stream, SHUTDOWN_FRAME, Outcome.DRAIN)
                 return
             stream.state = StreamState.READING
             try:
@@ -167,7 +176,8 @@ class SessionFeedResponse(SSEResponse):
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
-                frame = feed_unavailable_frame(self.session_id, str(exc) or "backend failure")
+                # what a client may see of it (never the server's address)
+                frame = feed_unavailable_frame(self.session_id, public_detail(exc))
                 await self._last_frame(send, stream, frame, Outcome.UNAVAILABLE)
                 return
             finally:
@@ -239,6 +249,7 @@ async def stream_session(request: Request) -> Response:
         registry=state.subscriptions,
         send_timeout=state.settings.sse_send_timeout_seconds,
         metrics=state.metrics,
+        expires_at=principal.expires_at,  # the feed ends when the reader's token does
     )
 
 

@@ -16,9 +16,9 @@ nothing else (docs/client.md).
   surfaces as the chat's error), then the end. A turn whose first events are no longer
   retained is a gap, never a partial message: the subscription starts at `0-0`, a
   cursor before every event, so the bridge reports anything trimmed before it.
-- Graceful shutdown and a subscriber-side backend failure end the response as a dropped
-  connection (no final chunk): the SDK sees an interrupted stream, not a finished
-  answer, and the app resumes it.
+- Graceful shutdown, a subscriber-side backend failure and the expiry of the reader's
+  token end the response as a dropped connection (no final chunk): the SDK sees an
+  interrupted stream, not a finished answer, and the app resumes it.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Final
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..names import check_session_id
 from ..sessions.turns import UI_CHUNK_EVENT
-from ..values import End, StreamEvent, StreamGap
+from ..values import End, StreamEvent, StreamGap, encode_json
 from . import access
 from .frames import Framing
 from .routing import SSERoute
@@ -46,7 +45,8 @@ BEFORE_FIRST_EVENT: Final = "0-0"
 
 
 def _chunk(payload: dict[str, Any]) -> bytes:
-    return b"data: %s\n\n" % orjson.dumps(payload)
+    # the one encoder: no frame carries a raw U+2028, U+2029 or U+0085 (values.py)
+    return b"data: %s\n\n" % encode_json(payload)
 
 
 def error_chunk(text: str) -> bytes:
@@ -86,6 +86,9 @@ class UIMessageFraming(Framing):
     def shutdown(self) -> bytes | None:
         return None
 
+    def token_expired(self) -> bytes | None:
+        return None  # an interrupted stream: the page resumes it (with a fresh token)
+
 
 UI_MESSAGES: Final = UIMessageFraming()
 
@@ -112,7 +115,8 @@ async def ui_stream(request: Request) -> Response:
         gone = StreamGap(BEFORE_FIRST_EVENT, None, None, "stream_removed")
         return SSEResponse(subscribe=None, final_frame=UI_MESSAGES.gap(info.run_id, gone), **common)
     subscribe = functools.partial(state.bridge.subscribe_batches, info.run_id, BEFORE_FIRST_EVENT)
-    return SSEResponse(subscribe=subscribe, **common)
+    # ends when the reader's token expires, as every stream does
+    return SSEResponse(subscribe=subscribe, expires_at=principal.expires_at, **common)
 
 
 routes: Final = [SSERoute("/v1/sessions/{session_id}/ui-stream", ui_stream)]

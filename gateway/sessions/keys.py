@@ -29,8 +29,11 @@ with it. A crash between the two leaves an index entry with no record, which rea
 skip (as they skip a record whose session is not this one); a record is never ahead of
 its index in a way a reader could see behind its log.
 
-Before this layout (upgrade) records lived at `session:{<sid>}:turn:<run>` with a
-`turns` zset; readers no longer look at those keys (they expire with their TTL).
+Before this layout (an upgrade) records lived in the session's slot,
+`session:{<sid>}:turn:<run>` (hash: rev, state, doc), listed in `session:{<sid>}:turns`
+(run_id -> last_updated) with expiries in `session:{<sid>}:exp`. Readers still read
+them (`session_legacy.lua`), settled from their runs (a record still `running` whose run
+has ended takes the run's END status), until they expire or the session is deleted.
 """
 
 from __future__ import annotations
@@ -49,11 +52,19 @@ class SessionKeys:
     meta: str
     order: str
     feed: str  # a pub/sub channel, not a key
+    legacy_turns: str  # records from before the order (an upgrade): session_legacy.lua
+    legacy_exp: str
+    legacy_prefix: str
 
     @property
     def lists(self) -> list[str]:
         """tomb, meta, order: the KEYS of session_claim / session_read / session_delete."""
         return [self.tomb, self.meta, self.order]
+
+    @property
+    def reads(self) -> list[str]:
+        """tomb, meta, order, legacy turns: the KEYS of session_read."""
+        return [self.tomb, self.meta, self.order, self.legacy_turns]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +84,9 @@ def session_keys(prefix: str, session_id: str) -> SessionKeys:
         meta=f"{tag}:meta",
         order=f"{tag}:order",
         feed=f"{tag}:feed",
+        legacy_turns=f"{tag}:turns",
+        legacy_exp=f"{tag}:exp",
+        legacy_prefix=f"{tag}:turn:",
     )
 
 

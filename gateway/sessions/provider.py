@@ -14,9 +14,7 @@ from .redis import RedisSessionStore
 def session_store_for(bridge: StreamBridge, settings: Settings) -> SessionStore:
     """Turns go where the runs are: the bridge's Redis, or process memory."""
     if isinstance(bridge, RedisStreamBridge):
-        return RedisSessionStore(
-            settings, bridge.client, notifier=bridge.notifier, turns=bridge.turns
-        )
+        return RedisSessionStore(settings, bridge.client, notifier=bridge.notifier, boundary=bridge)
     if isinstance(bridge, MemoryStreamBridge):
         return bridge.sessions  # the bridge writes its turn records in its own steps
     return MemorySessionStore(settings)

@@ -30,7 +30,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -86,6 +86,33 @@ async def _gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
     return results
 
 
+class CallBoundary(Protocol):
+    """Where a Redis call is made: the bridge's (`RedisStreamBridge.command`)."""
+
+    async def command(self, operation: Callable[[], Awaitable[R]]) -> R: ...
+
+
+class _Bounded:
+    """A boundary for a store used without a bridge (tools, tests): the same rules,
+    the command deadline and errors that never name the server."""
+
+    def __init__(self, settings: Settings, turns: AbstractAsyncContextManager[None]) -> None:
+        self._timeout = settings.redis_command_timeout_seconds
+        self._turns = turns
+
+    async def command(self, operation: Callable[[], Awaitable[R]]) -> R:
+        try:
+            async with self._turns:
+                with anyio.fail_after(self._timeout):
+                    return await operation()
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"Redis did not answer within {self._timeout:g} s") from exc
+        except _BACKEND_ERRORS as exc:
+            raise BackendUnavailable("Redis is unavailable") from exc
+        except redis_errors.RedisError as exc:
+            raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
+
+
 def _record(run_id: str, reply: list[Any]) -> dict[str, Any] | None:
     """A turn record as readers get it (the shape of `turns.new_turn`), from `turn_read`."""
     if not reply:
@@ -122,17 +149,26 @@ class RedisSessionStore:
         client: RedisClient,
         *,
         notifier: Notifier | None = None,
-        turns: AbstractAsyncContextManager[None] | None = None,
+        boundary: CallBoundary | None = None,
     ) -> None:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
-        # The bridge's turns at the pool they share (see bridge/redis_turns.py).
-        self._turns = turns or asyncio.Semaphore(settings.redis_max_connections)
+        # Every call goes through the bridge's boundary (turns at the pool they share,
+        # deadline, retries, error mapping: bridge/redis.py), or the same rules alone.
+        self._boundary = boundary or _Bounded(
+            settings, asyncio.Semaphore(settings.redis_max_connections)
+        )
         self._notifier = notifier  # the bridge's: session feeds wait on it
         self._index = index_keys(self._prefix)
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(lua_source(name))
-            for name in ("session_read", "session_delete", "session_index", "turn_read")
+            for name in (
+                "session_read",
+                "session_delete",
+                "session_index",
+                "turn_read",
+                "session_legacy",
+            )
         }
 
     # -- plumbing ---------------------------------------------------------------
@@ -147,14 +183,7 @@ class RedisSessionStore:
         return self._notifier.watch(self._keys(session_id).feed)
 
     async def _call(self, operation: Callable[[], Awaitable[R]]) -> R:
-        # Errors name what failed, never the server's address (readers may see them).
-        try:
-            async with self._turns:
-                return await operation()
-        except _BACKEND_ERRORS as exc:
-            raise BackendUnavailable("Redis is unavailable") from exc
-        except redis_errors.RedisError as exc:
-            raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
+        return await self._boundary.command(operation)
 
     async def ensure_scripts(self) -> int:
         """Readiness: load any of the session scripts Redis lacks; how many it loaded."""
@@ -167,14 +196,39 @@ class RedisSessionStore:
 
     async def _records(self, run_ids: Sequence[str]) -> list[dict[str, Any] | None]:
         """The turn records of these runs (None where there is none), each read
-        atomically in its run's slot; concurrently (they are in many slots)."""
-        script = self._scripts["turn_read"]
-        calls = []
+        atomically in its run's slot (`turn_read`), in one round trip."""
+        calls: list[tuple[list[str], list[Any]]] = []
         for run_id in run_ids:
             keys = run_keys(self._prefix, check_run_id(run_id))
-            calls.append(functools.partial(script, keys=[keys.turn, keys.text]))
-        replies = await self._call(lambda: _gather(calls))
+            calls.append(([keys.turn, keys.text], []))
+        replies = await self._many("turn_read", calls)
         return [_record(r, reply) for r, reply in zip(run_ids, replies, strict=True)]
+
+    async def _many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """One script per (keys, args), pipelined (one round trip on one server, on one
+        connection of the pool); concurrent calls on Cluster, whose pipelines refuse
+        scripts."""
+        if not calls:
+            return []
+        script = self._scripts[name]
+        if isinstance(self._redis, RedisCluster):
+            parts = [functools.partial(script, keys=keys, args=args) for keys, args in calls]
+            return await self._call(lambda: _gather(parts))
+
+        async def run() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                return list(await pipe.execute())
+
+        try:
+            return await self._call(run)
+        except BackendUnavailable as exc:
+            if not isinstance(exc.__cause__, redis_errors.NoScriptError):
+                raise
+        # SCRIPT FLUSH or a fresh server: load it again and retry once
+        await self._call(lambda: self._redis.script_load(script.script))
+        return await self._call(run)
 
     async def _turns_of(
         self, session_id: str, want: int, after: int | None = None
@@ -188,10 +242,10 @@ class RedisSessionStore:
         (reply,) = await self._read_rows([session_id], want, "" if after is None else str(after))
         if as_text(reply[0]) != "ok":
             return None
-        seq, now_ms = as_text(reply[3]), int(as_text(reply[4]))
+        seq, now_ms, legacy = as_text(reply[3]), int(as_text(reply[4])), int(reply[5])
         entries = [
             (as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]))
-            for i in range(5, len(reply) - 2, 3)
+            for i in range(6, len(reply) - 2, 3)
         ]
         records = await self._records([run_id for run_id, _, _ in entries])
         found: list[dict[str, Any]] = []
@@ -208,8 +262,36 @@ class RedisSessionStore:
                 stale += [run_id, order]
         if stale:
             await self._script("session_delete", keys.lists, ["prune", *stale])
-        found.sort(key=lambda d: (d["order"], d["run_id"]))
-        return found, seq
+        if legacy and after is None:  # records from before the order come first
+            found = [*await self._legacy(session_id, want), *found]
+        found.sort(key=lambda d: (d["order"], d["created_at"], d["run_id"]))
+        return found[-want:], seq
+
+    async def _legacy(self, session_id: str, want: int) -> list[dict[str, Any]]:
+        """The session's records from before this layout (an upgrade), settled from their
+        runs: one its old writer left `running` (or parked) whose run has ended since
+        takes the run's END status. They sort before every turn with an order."""
+        keys = self._keys(session_id)
+        reply = await self._script(
+            "session_legacy",
+            [keys.legacy_turns, keys.legacy_exp],
+            ["read", keys.legacy_prefix, max(want, 1)],
+        )
+        docs = [orjson.loads(reply[i + 1]) for i in range(0, len(reply) - 1, 2)]
+        metas = [run_keys(self._prefix, check_run_id(str(d["run_id"]))).meta for d in docs]
+
+        async def statuses() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for meta in metas:
+                    pipe.hget(meta, "status")
+                return list(await pipe.execute())
+
+        for doc, status in zip(docs, await self._call(statuses) if docs else [], strict=True):
+            doc.setdefault("order", 0)
+            ended = as_text(status) if status is not None else ""
+            if ended and ended != T.RUNNING and doc.get("state") in T.LIVE_STATES:
+                doc["state"] = ended
+        return docs
 
     async def turn_of(self, session_id: str, run_id: str) -> dict[str, Any] | None:
         check_session_id(session_id)
@@ -251,6 +333,12 @@ class RedisSessionStore:
         else:
             raise BackendUnavailable(f"session {session_id!r}: too many claims, try again")
         run_ids = [as_text(run_id) for run_id in reply[1:]]
+        old = await self._script(
+            "session_legacy",
+            [keys.legacy_turns, keys.legacy_exp],
+            ["delete", keys.legacy_prefix],
+        )
+        run_ids += [as_text(run_id) for run_id in old if as_text(run_id) not in run_ids]
         for run_id in run_ids:
             run = run_keys(self._prefix, run_id)
             await self._call(lambda run=run: self._redis.delete(run.turn, run.text))  # type: ignore[misc]
@@ -328,8 +416,8 @@ class RedisSessionStore:
         replies = await self._read_rows(session_ids, 1)
         newest: list[str | None] = []
         for reply in replies:
-            ok = as_text(reply[0]) == "ok" and int(reply[2]) > 0 and len(reply) > 5
-            newest.append(as_text(reply[5]) if ok else None)
+            ok = as_text(reply[0]) == "ok" and int(reply[2]) > 0 and len(reply) > 6
+            newest.append(as_text(reply[6]) if ok else None)
         states: dict[str, str] = {}
         if parked:
             runs = [r for r in newest if r is not None]
@@ -363,27 +451,7 @@ class RedisSessionStore:
         return await self._call(read)
 
     async def _read_rows(self, session_ids: list[str], want_ids: int, after: str = "") -> list[Any]:
-        """`session_read` for each id, pipelined (one round trip; per node in Cluster)."""
-        script = self._scripts["session_read"]
-        if isinstance(self._redis, RedisCluster):
-            # a cluster pipeline refuses EVALSHA: run the per-slot scripts concurrently
-            calls = [
-                functools.partial(script, keys=self._keys(sid).lists, args=[want_ids, after])
-                for sid in session_ids
-            ]
-            return await self._call(lambda: _gather(calls))
-
-        async def run() -> list[Any]:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for sid in session_ids:
-                    pipe.evalsha(script.sha, 3, *self._keys(sid).lists, want_ids, after)
-                return list(await pipe.execute())
-
-        try:
-            return await self._call(run)
-        except BackendUnavailable as exc:
-            if not isinstance(exc.__cause__, redis_errors.NoScriptError):
-                raise
-        # SCRIPT FLUSH or a fresh server: load it again and retry once
-        await self._call(lambda: self._redis.script_load(script.script))
-        return await self._call(run)
+        """`session_read` for each id, in one round trip (see `_many`)."""
+        return await self._many(
+            "session_read", [(self._keys(sid).reads, [want_ids, after]) for sid in session_ids]
+        )

@@ -8,8 +8,8 @@ per session per process, shared by every local feed of that session.
 
 - Memory: `ChangeSignal`, told by `MemorySessionStore` itself (in-process).
 - Redis: the notifier's watch feed of the session's shard channel
-  (`bridge/redis_notifier.py`), SPUBLISHed by `session_turn_write.lua` when a write
-  creates a turn and by the retire / clear path: no Redis connection and no poll per feed.
+  (`bridge/redis_notifier.py`), SPUBLISHed by the bridge when a claim opens a turn and
+  by the retire / clear path: no Redis connection and no poll per feed.
 """
 
 from __future__ import annotations
