@@ -20,6 +20,7 @@ A system test (`SYSTEM_MODULES` in tests/conftest.py): `make test-fast` skips it
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -88,6 +89,43 @@ def _npm_ci(folder: Path) -> None:
     )
 
 
+@contextlib.contextmanager
+def _setup_lock() -> Iterator[None]:
+    """One installer and builder at a time: xdist workers share the example's folders
+    (two `vite build`s of one set would empty each other's output)."""
+    with (CHAT_DIR / ".setup.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _sources_mtime() -> float:
+    inputs = [
+        CHAT_DIR / "index.html",
+        CHAT_DIR / "vite.config.mjs",
+        CHAT_DIR / "package-lock.json",
+        AI7_DIR / "package-lock.json",
+        *(CHAT_DIR / "src").rglob("*"),
+    ]
+    return max(path.stat().st_mtime for path in inputs if path.is_file())
+
+
+def _build(name: str, node: str) -> None:
+    """Build the page for one set unless its build is newer than every source."""
+    built = CHAT_DIR / "dist" / name / "index.html"
+    if built.is_file() and built.stat().st_mtime >= _sources_mtime():
+        return
+    subprocess.run(
+        [node, "node_modules/vite/bin/vite.js", "build"],
+        cwd=CHAT_DIR,
+        env={**os.environ, "CHAT_AI_SET": name},
+        check=True,
+        timeout=300,
+    )
+
+
 @dataclass(frozen=True)
 class AppSet:
     name: str  # ai6 | ai7
@@ -98,22 +136,18 @@ class AppSet:
 def app_set(request: pytest.FixtureRequest) -> AppSet:
     """A version set, installed and built: ai6 on the machine's Node, ai7 on Node 22."""
     name = str(request.param)
-    _npm_ci(CHAT_DIR)  # vite and the server's packages; ai 6 and @ai-sdk/react 3
     if name == "ai7":
-        _npm_ci(AI7_DIR)  # ai 7, @ai-sdk/react 4 and Node 22 (npm's `node` package)
         node = str(AI7_DIR / "node_modules" / "node" / "bin" / "node")
     else:
         found = shutil.which("node")
         if found is None:
             pytest.skip("node is not installed")
         node = found
-    subprocess.run(
-        [node, "node_modules/vite/bin/vite.js", "build"],
-        cwd=CHAT_DIR,
-        env={**os.environ, "CHAT_AI_SET": name},
-        check=True,
-        timeout=300,
-    )
+    with _setup_lock():
+        _npm_ci(CHAT_DIR)  # vite and the server's packages; ai 6 and @ai-sdk/react 3
+        if name == "ai7":
+            _npm_ci(AI7_DIR)  # ai 7, @ai-sdk/react 4 and Node 22 (npm's `node` package)
+        _build(name, node)
     version = subprocess.run(
         [node, "--version"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
