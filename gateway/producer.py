@@ -218,7 +218,7 @@ class Producer:
         end_timeout: float = 10.0,
         client: httpx.AsyncClient | None = None,
         streaming: bool = True,
-        stream_seconds: float = 2.0,
+        stream_seconds: float = 0.5,
         publish_error_messages: bool = False,
     ) -> None:
         self._own_run_id = run_id is None
@@ -270,6 +270,7 @@ class Producer:
         self._unacked: list[bytes] = []
         self._next_seq = 1  # the number of the first event not yet acknowledged
         self.streams_sent = 0  # streamed requests answered
+        self._stream_open = False  # a streamed body is being written (it renews the lease)
         self.events_sent = 0  # acknowledged events
         self.batches_sent = 0  # acknowledged batches
         self.retries = 0  # re-sent requests (all kinds)
@@ -319,7 +320,19 @@ class Producer:
         stopped_by_us = bool(body_scope.__exit__(exc_type, exc, tb))
         cancelled_exc = anyio.get_cancelled_exc_class()
         cancelled = isinstance(exc, cancelled_exc) and not stopped_by_us
+        interrupted: BaseException | None = None
         try:
+            if exc is None and self._failure is None and self.streaming and self._unsent():
+                # Let the open stream end and its acks be read: stopping it would cut it,
+                # and its lines would go again (harmlessly, but as one more request).
+                try:
+                    await self.flush()
+                except GatewayError:
+                    pass  # it is `self._failure`, answered below
+                except cancelled_exc as outer:
+                    # Cancelled from outside meanwhile: END as cancelled below, then go on
+                    # with that cancellation.
+                    cancelled, interrupted = True, outer
             # Stop the background tasks; the batch they had on the wire is re-sent below.
             self._task_group.cancel_scope.cancel()
             try:
@@ -354,6 +367,8 @@ class Producer:
                     raise
         finally:
             await self._close_client()
+        if interrupted is not None:
+            raise interrupted
         return stopped_by_us  # only ever our own cancellation is taken back
 
     async def _end_anyway(self, status: EndStatus, error: Any, *, flush: bool) -> None:
@@ -587,6 +602,14 @@ class Producer:
         queued as it comes, until `stream_seconds` passed, `batch_events` lines or
         `STREAM_BYTES` went out, or a flush asks for the replies. A blank line (which
         renews the lease) goes out when nothing else did for `renew_interval`."""
+        self._stream_open = True
+        try:
+            async for part in self._stream_lines(writes):
+                yield part
+        finally:
+            self._stream_open = False
+
+    async def _stream_lines(self, writes: list[float]) -> AsyncIterator[bytes]:
         deadline = time.monotonic() + self.stream_seconds
         size = sum(len(item) + 1 for item in self._unacked)
         last_write = time.monotonic()
@@ -689,6 +712,9 @@ class Producer:
             while True:
                 due = self._last_ack + self.renew_interval
                 now = time.monotonic()
+                if self._stream_open:  # its lines and blank lines renew the lease
+                    await anyio.sleep(self.renew_interval)
+                    continue
                 if now < due:
                     await anyio.sleep(due - now)
                     continue

@@ -75,6 +75,9 @@ class _Failed:
     error: GatewayError | HttpError
 
 
+KEEPALIVE: Final = _Line("", None, None)  # a blank line, queued in its place
+
+
 @dataclass(slots=True)
 class _Tally:
     """What this request has acknowledged (the `done` and error lines report it)."""
@@ -131,7 +134,6 @@ class AppendStreamResponse(Response):
     ) -> None:
         self.status_code = 200
         self._parse = parse  # one line → (name, encoded payload, data), or a 4xx error
-        self._keepalive = False  # a blank line came since the lease was last renewed
         self.background = None
         self._request = request
         self._state = state
@@ -155,7 +157,7 @@ class AppendStreamResponse(Response):
                     await gateway_error_response(exc)(scope, receive, send)
                     return
                 # The body may stay silent for as long as the lease it would keep alive.
-                self._idle = max(1.0, lease.lease_expires_at - time.time())
+                self._idle = max(0.1, lease.lease_expires_at - time.time())
                 self._last_write = time.monotonic()
                 start = {"type": "http.response.start", "status": 200, "headers": list(HEADERS)}
                 await send(start)
@@ -221,7 +223,7 @@ class AppendStreamResponse(Response):
                         await _put(lines, _Failed(self._too_large(len(line))))
                         return
                     if not line.strip():
-                        self._keepalive = True  # a blank line: the producer is alive
+                        await _put(lines, KEEPALIVE)  # the producer is alive: renew
                         continue
                     try:
                         name, payload, data = self._parse(line)
@@ -255,7 +257,7 @@ class AppendStreamResponse(Response):
             finished = False
             while not finished and ended is None:
                 group: list[_Line] = []
-                item = await self._next_line(lines)
+                item = await lines.receive()
                 while True:
                     if item is None:
                         finished = True
@@ -263,7 +265,12 @@ class AppendStreamResponse(Response):
                     if isinstance(item, _Failed):
                         ended = item
                         break
-                    group.append(item)
+                    if item is not KEEPALIVE:
+                        group.append(item)
+                    elif not group:  # (a write renews the lease anyway)
+                        ended = await self._keep_alive()
+                        if ended is not None:
+                            break
                     if len(group) >= self._group_limit:
                         break
                     try:
@@ -280,25 +287,17 @@ class AppendStreamResponse(Response):
                 done = {"done": True, "count": self._tally.count, "last_id": self._tally.last_id}
                 await acks.send((orjson.dumps(done) + b"\n", True))
 
-    async def _next_line(
-        self, lines: MemoryObjectReceiveStream[_Line | _Failed | None]
-    ) -> _Line | _Failed | None:
-        """The next line; meanwhile renew the lease now and then if the producer sends
-        keep-alive blank lines only."""
-        while True:
-            timeout = max(0.05, self._idle / 3)
-            with anyio.move_on_after(timeout):
-                return await lines.receive()
-            if self._keepalive and time.monotonic() - self._last_write >= self._idle / 3:
-                self._keepalive = False
-                try:
-                    with anyio.CancelScope(shield=True):
-                        await self._state.bridge.renew_lease(
-                            self._run_id, producer_token=self._token
-                        )
-                except GatewayError as exc:
-                    return _Failed(exc)
-                self._last_write = time.monotonic()
+    async def _keep_alive(self) -> _Failed | None:
+        """A blank line: renew the lease, unless a write did within a third of it."""
+        if time.monotonic() - self._last_write < self._idle / 3:
+            return None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._state.bridge.renew_lease(self._run_id, producer_token=self._token)
+        except GatewayError as exc:
+            return _Failed(exc)
+        self._last_write = time.monotonic()
+        return None
 
     async def _commit(
         self, group: list[_Line], acks: MemoryObjectSendStream[tuple[bytes, bool]]
