@@ -396,3 +396,25 @@ async def test_a_client_that_stops_reading_acks_is_bounded_and_dropped(
         sock.close()
     run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
     assert 0 < run["retained_events"] < total
+
+
+async def test_a_draining_gateway_ends_the_stream_with_what_it_applied(
+    gateway_server: RunningServer, client: httpx.AsyncClient
+) -> None:
+    """On shutdown an open stream is not held until the grace period runs out: it ends
+    with `bridge_closed` after appending what it read, and the producer goes on elsewhere
+    from `next_seq`."""
+    producer = await ProducerClient.claim(client)
+    async with Duplex(gateway_server, producer, seq=1) as duplex:
+        duplex.send(lines([1, 2]))
+        assert (await duplex.reply())["next_seq"] == 3
+
+        async def drain() -> None:
+            gateway_server.state.subscriptions.drain()
+
+        gateway_server.call(drain)
+        error = await duplex.reply()
+    assert error["error"] == "bridge_closed" and error["applied"] == 2
+    assert error["next_seq"] == 3
+    run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
+    assert run["retained_events"] == 2

@@ -42,6 +42,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import (
     BodyIdle,
+    BridgeClosed,
     GatewayError,
     PayloadTooLarge,
     SequenceRefused,
@@ -76,6 +77,7 @@ class _Failed:
 
 
 KEEPALIVE: Final = _Line("", None, None)  # a blank line, queued in its place
+_DISCONNECTED: Final = _Failed(BridgeClosed("the client left"))  # (never written)
 
 
 @dataclass(slots=True)
@@ -183,61 +185,74 @@ class AppendStreamResponse(Response):
         lines: MemoryObjectSendStream[_Line | _Failed | None],
         scope: anyio.CancelScope,
     ) -> None:
-        """Body chunks → checked lines, in order; None when the body ended."""
-        partial = bytearray()
+        """Body chunks → checked lines, in order; then None when the body ended, or the
+        failure that ends the stream (a bad line, an idle body, the gateway draining)."""
         async with lines:
-            while True:
-                message: Message | None = None
-                with anyio.move_on_after(self._idle):
-                    message = await receive()
-                if message is None:
-                    await _put(
-                        lines,
-                        _Failed(
-                            BodyIdle(
-                                f"the body sent nothing for {self._idle:g} s (the lease); "
-                                "send a blank line to keep an idle stream open"
-                            )
-                        ),
+            with anyio.CancelScope() as drain:
+                remove = self._state.subscriptions.on_drain(drain.cancel)
+                try:
+                    last = await self._read_lines(receive, lines)
+                finally:
+                    remove()
+            if drain.cancelled_caught:
+                # Shutting down: the lines read so far are appended, then the producer is
+                # told to go on elsewhere from `next_seq`.
+                last = _Failed(BridgeClosed("the gateway is shutting down; send the rest again"))
+            if last is _DISCONNECTED:
+                scope.cancel()  # the client left: nothing more can be acknowledged
+                return
+            if not await _put(lines, last) or last is not None:
+                return
+            # The body ended: wait for the client to leave, or for the writer to finish.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            scope.cancel()
+
+    async def _read_lines(
+        self, receive: Receive, lines: MemoryObjectSendStream[_Line | _Failed | None]
+    ) -> _Failed | None:
+        partial = bytearray()
+        while True:
+            message: Message | None = None
+            with anyio.move_on_after(self._idle):
+                message = await receive()
+            if message is None:
+                return _Failed(
+                    BodyIdle(
+                        f"the body sent nothing for {self._idle:g} s (the lease); "
+                        "send a blank line to keep an idle stream open"
                     )
-                    return
-                if message["type"] == "http.disconnect":
-                    scope.cancel()  # the client left: nothing more can be acknowledged
-                    return
-                chunk: bytes = message.get("body", b"")
-                more = bool(message.get("more_body", False))
-                pieces = chunk.split(b"\n")
-                if not more and pieces[-1] == b"" and not partial:
-                    pieces.pop()
-                for index, piece in enumerate(pieces):
-                    last = index == len(pieces) - 1
-                    if last and more:
-                        partial += piece  # the rest of this line comes in a later chunk
-                        if len(partial) > self._line_limit:
-                            await _put(lines, _Failed(self._too_large(len(partial))))
-                            return
-                        break
-                    line = bytes(partial + piece) if partial else piece
-                    partial.clear()
-                    if len(line) > self._line_limit:
-                        await _put(lines, _Failed(self._too_large(len(line))))
-                        return
-                    if not line.strip():
-                        await _put(lines, KEEPALIVE)  # the producer is alive: renew
-                        continue
+                )
+            if message["type"] == "http.disconnect":
+                return _DISCONNECTED
+            chunk: bytes = message.get("body", b"")
+            more = bool(message.get("more_body", False))
+            pieces = chunk.split(b"\n")
+            if not more and pieces[-1] == b"" and not partial:
+                pieces.pop()
+            for index, piece in enumerate(pieces):
+                if more and index == len(pieces) - 1:
+                    partial += piece  # the rest of this line comes in a later chunk
+                    if len(partial) > self._line_limit:
+                        return _Failed(self._too_large(len(partial)))
+                    break
+                line = bytes(partial + piece) if partial else piece
+                partial.clear()
+                if len(line) > self._line_limit:
+                    return _Failed(self._too_large(len(line)))
+                item: _Line
+                if not line.strip():
+                    item = KEEPALIVE  # the producer is alive: renew the lease
+                else:
                     try:
                         name, payload, data = self._parse(line)
                     except (GatewayError, HttpError) as exc:
-                        await _put(lines, _Failed(exc))
-                        return
-                    await _put(lines, _Line(name, payload, data))
-                if not more:
-                    await _put(lines, None)
-                    # Wait for the client to leave, or for the writer to finish.
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    scope.cancel()
-                    return
+                        return _Failed(exc)
+                    item = _Line(name, payload, data)
+                if not await _put(lines, item):
+                    return _DISCONNECTED  # the stream is over already
+            if not more:
+                return None
 
     def _too_large(self, size: int) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -379,14 +394,19 @@ class AppendStreamResponse(Response):
 
 async def _put(
     lines: MemoryObjectSendStream[_Line | _Failed | None], item: _Line | _Failed | None
-) -> None:
+) -> bool:
     """Queue a line without a checkpoint while there is room: the lines of one chunk are
     all queued before the appender wakes, so they go in one append (`send` would yield
-    after each, and the appender would take them one by one)."""
+    after each, and the appender would take them one by one). False once the appender
+    has stopped (the stream ended with an error line meanwhile)."""
     try:
-        lines.send_nowait(item)
-    except anyio.WouldBlock:
-        await lines.send(item)
+        try:
+            lines.send_nowait(item)
+        except anyio.WouldBlock:
+            await lines.send(item)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return False
+    return True
 
 
 def is_streamed(request: Request) -> bool:
