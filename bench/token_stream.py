@@ -6,7 +6,11 @@ the run is the producer's in-process stream and every follower a resumer fed ove
 pub/sub (one PUBLISH per chunk per follower); `npm ci` installs it on first use.
 
 For 1 and 100 followers of one run, a producer POSTs one ~30-byte token event at
-`--rate` events/s for `--seconds`, then ENDs. Printed per server:
+`--rate` events/s for `--seconds`, then ENDs. `gateway-stream` is the gateway with the
+producer it is built for: one streamed append (PROTOCOL 3.3) for the whole turn, an
+HTTP/1.1 chunked ndjson body with one line written per token at the same rate, its acks
+read as they come (a raw socket: the duplex client an agent would use). Printed per
+server:
 - server CPU per event, µs (the server process from /proc: producer route through to
   every follower's SSE write), and per delivered event;
 - Redis CPU per event, µs (INFO cpu of the private redis-server, before/after);
@@ -57,7 +61,7 @@ from sse_load import (
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
-SERVERS = ("gateway", "naive", "resumable-stream")
+SERVERS = ("gateway", "gateway-stream", "naive", "resumable-stream")
 NODE_DIR = ROOT / "bench" / "resumable_stream"
 
 
@@ -120,7 +124,13 @@ def command_calls(client: Any) -> int:
 
 
 def measure(
-    proc: Proc, redis: Any, followers: int, rate: float, seconds: float, label: str = ""
+    proc: Proc,
+    redis: Any,
+    followers: int,
+    rate: float,
+    seconds: float,
+    label: str = "",
+    streamed: bool = False,
 ) -> dict[str, float]:
     run_id = f"tok-{followers}-{time.monotonic_ns()}"
     # The run exists before the followers attach (the gateway answers 404 otherwise).
@@ -133,7 +143,8 @@ def measure(
     cpu0, rcpu0, calls0 = proc.cpu(), redis_cpu(redis), command_calls(redis)
     pending = asyncio.run(_claim_only(proc.port, run_id))
     load.start()
-    sent = asyncio.run(_produce_claimed(proc.port, rate, seconds, run_id, pending))
+    produce = _produce_streamed if streamed else _produce_claimed
+    sent = asyncio.run(produce(proc.port, rate, seconds, run_id, pending))
     result = load.wait(60)
     cpu, rcpu, calls = proc.cpu() - cpu0, redis_cpu(redis) - rcpu0, command_calls(redis) - calls0
     if result.events != sent * followers or result.finished != followers:
@@ -184,6 +195,62 @@ async def _produce_claimed(port: int, rate: float, seconds: float, run_id: str, 
     return sent
 
 
+async def _produce_streamed(port: int, rate: float, seconds: float, run_id: str, token: str) -> int:
+    """One streamed append for the whole turn: a line per token, acks read as they come."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        (
+            f"POST /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"X-Producer-Token: {token}\r\nX-Producer-Seq: 1\r\n"
+            "Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+    )
+    acked = 0
+
+    async def read_acks() -> bytes:
+        nonlocal acked
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        last = b""
+        while True:  # chunked reply: size line, data, CRLF
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return last
+            data = await reader.readexactly(size + 2)
+            for line in data[:-2].splitlines():
+                reply = json.loads(line)
+                acked += len(reply.get("ids", ()))
+                last = line
+
+    acks = asyncio.ensure_future(read_acks())
+    interval = 1 / rate
+    start = time.perf_counter()
+    sent = 0
+    while time.perf_counter() - start < seconds:
+        line = (
+            json.dumps(
+                {"event": "token", "data": {"t": time.time(), "text": "tok"}}, separators=(",", ":")
+            ).encode()
+            + b"\n"
+        )
+        writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        await writer.drain()
+        sent += 1
+        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    done = json.loads(await asyncio.wait_for(acks, 30))
+    assert done.get("done") and done["count"] == sent == acked, (done, sent, acked)
+    writer.close()
+    http = HttpClient("127.0.0.1", port)
+    await http.post_json(
+        f"/v1/runs/{run_id}/end", {"status": "success"}, {"X-Producer-Token": token}
+    )
+    http.close()
+    return sent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 s per case instead of 20")
@@ -220,7 +287,7 @@ def main() -> None:
             for name in servers:
                 port = free_port()
                 log = Path(tmp) / f"{name}-{followers}.log"
-                if name == "gateway":
+                if name in ("gateway", "gateway-stream"):
                     proc = gateway_proc(port, SERVER_CPU, log, server.url)
                 elif name == "naive":
                     proc = baseline_proc("redis", port, SERVER_CPU, log, server.url)
@@ -230,9 +297,12 @@ def main() -> None:
                     stray = unpinned_threads(proc, SERVER_CPU)
                     if stray and len(os.sched_getaffinity(0) | SERVER_CPU) > 1:
                         print(f"warning: {name} threads {stray} not pinned", file=sys.stderr)
+                    streamed = name == "gateway-stream"
                     if args.warmup > 0:  # Node's JIT warms up for about a second
-                        measure(proc, redis, followers, args.rate, args.warmup, " (warm-up)")
-                    row = measure(proc, redis, followers, args.rate, seconds)
+                        measure(
+                            proc, redis, followers, args.rate, args.warmup, " (warm-up)", streamed
+                        )
+                    row = measure(proc, redis, followers, args.rate, seconds, streamed=streamed)
                 print(
                     f"{name:<17}{followers:>10}{row['server_us_per_event']:>14.0f}"
                     f"{row['server_us_per_delivered']:>14.0f}{row['redis_us_per_event']:>13.0f}"

@@ -11,13 +11,28 @@ down) or a subscriber asked to cancel (`POST /v1/runs/{id}/cancel`; the block is
 then cancelled and leaves quietly unless `cancel_on_request=False`, in which case the
 code polls `run.cancel_requested` or awaits `run.wait_cancel_requested()`).
 
-`send` queues an event and returns; a background task coalesces queued events into one
-request per `batch_window` seconds (or sooner when `batch_bytes`/`batch_events` are
-reached, or at once after a request that was in flight), and numbers every batch with
-`X-Producer-Seq`. A batch is re-sent unchanged after a connection error, a timeout or a
-502/503/504, with exponential backoff, for up to `retry_timeout` seconds: the gateway
-applies a numbered batch once, so a blind retry never duplicates or loses an event.
-While no batch goes out, a second task renews the lease every `renew_interval`.
+`send` queues an event and returns. A background task sends the queue as a **streamed
+append** (PROTOCOL 3.3, `streaming=True`, the default): one POST whose ndjson body
+carries the events as they are queued, one a line, for up to `stream_seconds` (or
+`batch_events` lines, or until a flush), numbered with `X-Producer-Seq`. httpx sends a
+whole request body before it reads the reply, so the gateway's acknowledgements are
+read when that body ends; a stream cut short is sent again from its first
+unacknowledged line (the gateway answers the overlap with the first ids and appends only
+what is new). It falls back to batched POSTs for the rest of the run when the stream
+shows a proxy in between that does not pass request bodies through: an answer 411, 415,
+501 or 505 to the streamed POST, or lines written over `BUFFERED_SPREAD_SECONDS` or more
+that the gateway acknowledged in a single append (it received them all at once:
+buffered). With `streaming=False` (or after a fallback) queued events go in one request
+per `batch_window` seconds (or sooner when `batch_bytes`/`batch_events` are reached, or
+at once after a request that was in flight). Either way a request is re-sent after a
+connection error, a timeout or a 502/503/504 (a malformed `Retry-After` is ignored),
+with exponential backoff, for up to `retry_timeout` seconds: the gateway applies a
+numbered event once, so a blind retry never duplicates or loses an event. While nothing
+goes out, a second task renews the lease every `renew_interval`.
+
+A block that raises ENDs the run as `error` with `{"type": <exception class>}`: the
+exception's message reaches every reader of the run only with
+`publish_error_messages=True` (it may hold a prompt, a secret or an internal address).
 
 Errors are the gateway's own types (`gateway.errors`): `ProducerFenced` when another
 producer took the run over, `StreamEnded` when it has ended, `RunOwned` on a claim of a
@@ -33,7 +48,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
@@ -77,6 +92,18 @@ log = logging.getLogger("gateway.producer")
 RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
 MAX_RETRY_AFTER: Final = 5.0
 MAX_CACHED_NAMES: Final = 256  # seconds; a longer Retry-After is capped to this
+NDJSON: Final = "application/x-ndjson"
+# Answers to a streamed append that say something in between does not take one (a
+# proxy that wants a Content-Length, or that does not know the body's type): batches.
+STREAM_REFUSED_STATUSES: Final = frozenset({411, 415, 501, 505})
+# A streamed body whose writes spread over this long but which the gateway acknowledged
+# in one append reached it all at once: a proxy in between buffered it.
+BUFFERED_SPREAD_SECONDS: Final = 0.25
+# Bytes of lines one streamed request carries at most: unacknowledged lines are re-sent
+# as one batch after a fallback, so they must fit the gateway's body limit (4 MiB).
+STREAM_BYTES: Final = 1024 * 1024
+# Error lines of a streamed append after which the stream is simply opened again.
+_STREAM_RETRY_CODES: Final = frozenset({"backend_unavailable", "bridge_closed", "body_idle"})
 
 _ERRORS_BY_CODE: Final[dict[str, type[GatewayError]]] = {
     "fenced": ProducerFenced,
@@ -108,15 +135,29 @@ class _Retryable(Exception):
     def __init__(self, response: httpx.Response) -> None:
         super().__init__(f"{response.status_code} {response.text[:200]}")
         self.status = response.status_code
-        retry_after = response.headers.get("retry-after", "")
-        self.retry_after = float(retry_after) if retry_after.isdigit() else 0.0
+        self.retry_after = retry_after_seconds(response.headers.get("retry-after", ""))
+
+
+def retry_after_seconds(value: str) -> float:
+    """A `Retry-After` of delay-seconds; anything else (an HTTP date, garbage, a digit
+    that is not ASCII such as U+0661 or "²", which `str.isdigit` accepts) is 0: the normal
+    backoff applies."""
+    value = value.strip()
+    if value.isascii() and value.isdigit() and len(value) <= 9:
+        return float(value)
+    return 0.0
+
+
+class _StreamInterrupted(Exception):
+    """A streamed append ended early in a way that asks for it again (an error line such
+    as `backend_unavailable`, or a reply cut before its last line)."""
 
 
 def _retryable(exc: BaseException) -> bool:
     # Every transport failure: the request may not have arrived, or its reply was lost.
-    return isinstance(exc, _Retryable | httpx.TransportError) and not isinstance(
-        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError
-    )
+    return isinstance(
+        exc, _Retryable | _StreamInterrupted | httpx.TransportError
+    ) and not isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError)
 
 
 def error_from(response: httpx.Response) -> GatewayError:
@@ -126,6 +167,10 @@ def error_from(response: httpx.Response) -> GatewayError:
         code, detail = str(body["error"]), str(body.get("detail", ""))
     except (ValueError, KeyError, TypeError, AttributeError):  # not the gateway's error body
         body, code, detail = {}, "http_error", response.text[:200]
+    return _error_of_body(response.status_code, code, detail, body)
+
+
+def _error_of_body(status: int, code: str, detail: str, body: dict[str, Any]) -> GatewayError:
     if code == "sequence_gap":
         return SequenceGap(detail, int(body.get("expected_seq", 0)))
     if code == "sequence_conflict":
@@ -133,9 +178,9 @@ def error_from(response: httpx.Response) -> GatewayError:
     kind = _ERRORS_BY_CODE.get(code)
     if kind is not None:
         return kind(detail or code)
-    if response.status_code in (400, 422):
+    if status in (400, 422) or code in ("invalid_input", "invalid_json"):
         return InvalidInput(detail or code)
-    return RequestRefused(response.status_code, code, detail)
+    return RequestRefused(status, code, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +217,9 @@ class Producer:
         request_timeout: float = 10.0,
         end_timeout: float = 10.0,
         client: httpx.AsyncClient | None = None,
+        streaming: bool = True,
+        stream_seconds: float = 0.5,
+        publish_error_messages: bool = False,
     ) -> None:
         self._own_run_id = run_id is None
         self.run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
@@ -202,6 +250,12 @@ class Producer:
         self._renew_interval = renew_interval
         self.retry_timeout = retry_timeout
         self.end_timeout = end_timeout
+        # Streamed appends (one request carries the events of up to `stream_seconds`);
+        # False after a proxy in between showed it buffers request bodies.
+        self.streaming = streaming
+        self.stream_seconds = stream_seconds
+        self.fell_back: str | None = None  # why streaming was given up, if it was
+        self.publish_error_messages = publish_error_messages
         # Claim state.
         self.token = ""
         self.epoch = 0
@@ -211,7 +265,12 @@ class Producer:
         self._pending: deque[bytes] = deque()
         self._pending_bytes = 0
         self._inflight: _Batch | None = None
-        self._next_seq = 1
+        # Lines written into streamed requests and not yet acknowledged, numbered from
+        # `_next_seq` (re-sent first by the next stream: 3.1 makes the overlap harmless).
+        self._unacked: list[bytes] = []
+        self._next_seq = 1  # the number of the first event not yet acknowledged
+        self.streams_sent = 0  # streamed requests answered
+        self._stream_open = False  # a streamed body is being written (it renews the lease)
         self.events_sent = 0  # acknowledged events
         self.batches_sent = 0  # acknowledged batches
         self.retries = 0  # re-sent requests (all kinds)
@@ -261,7 +320,19 @@ class Producer:
         stopped_by_us = bool(body_scope.__exit__(exc_type, exc, tb))
         cancelled_exc = anyio.get_cancelled_exc_class()
         cancelled = isinstance(exc, cancelled_exc) and not stopped_by_us
+        interrupted: BaseException | None = None
         try:
+            if exc is None and self._failure is None and self.streaming and self._unsent():
+                # Let the open stream end and its acks be read: stopping it would cut it,
+                # and its lines would go again (harmlessly, but as one more request).
+                try:
+                    await self.flush()
+                except GatewayError:
+                    pass  # it is `self._failure`, answered below
+                except cancelled_exc as outer:
+                    # Cancelled from outside meanwhile: END as cancelled below, then go on
+                    # with that cancellation.
+                    cancelled, interrupted = True, outer
             # Stop the background tasks; the batch they had on the wire is re-sent below.
             self._task_group.cancel_scope.cancel()
             try:
@@ -276,14 +347,14 @@ class Producer:
             failure = self._failure
             if failure is not None:
                 if not isinstance(failure, ProducerFenced | StreamEnded | BackendUnavailable):
-                    await self._end_anyway("error", _error_of(failure), flush=False)
+                    await self._end_anyway("error", self._error_of(failure), flush=False)
                 raise failure
             if cancelled:
                 await self._end_anyway(self.cancelled_status, None, flush=True)
             elif stopped_by_us and self.cancel_requested:
                 await self._end_anyway("cancelled", None, flush=True)
             elif exc is not None and not stopped_by_us:
-                await self._end_anyway("error", _error_of(exc), flush=True)
+                await self._end_anyway("error", self._error_of(exc), flush=True)
             else:
                 try:
                     await self.flush_all()
@@ -292,10 +363,12 @@ class Producer:
                     await self._end_anyway(self.cancelled_status, None, flush=True)
                     raise
                 except (InvalidInput, RequestRefused) as refused:  # a batch was refused
-                    await self._end_anyway("error", _error_of(refused), flush=False)
+                    await self._end_anyway("error", self._error_of(refused), flush=False)
                     raise
         finally:
             await self._close_client()
+        if interrupted is not None:
+            raise interrupted
         return stopped_by_us  # only ever our own cancellation is taken back
 
     async def _end_anyway(self, status: EndStatus, error: Any, *, flush: bool) -> None:
@@ -318,6 +391,9 @@ class Producer:
                 log.warning("could not END run %s as %s: %s", self.run_id, status, exc)
         if scope.cancelled_caught:
             log.warning("could not END run %s in %s s", self.run_id, self.end_timeout)
+
+    def _error_of(self, exc: BaseException) -> dict[str, Any]:
+        return _error_of(exc, self.publish_error_messages)
 
     async def _close_client(self) -> None:
         if self._own_client and self._client is not None:
@@ -364,9 +440,12 @@ class Producer:
             await self._wait_progress()
             self._check_usable()
 
+    def _unsent(self) -> bool:
+        return bool(self._pending or self._unacked) or self._inflight is not None
+
     async def flush(self) -> None:
         """Wait until every queued event has been acknowledged by the gateway."""
-        while self._pending or self._inflight is not None:
+        while self._unsent():
             self._check_usable()
             self._flush_now = True
             self._wake.set()
@@ -374,7 +453,9 @@ class Producer:
         self._check_usable()
 
     async def flush_all(self) -> None:
-        """Send everything queued from this task (the background sender is stopped)."""
+        """Send everything queued from this task (the background sender is stopped), in
+        batches: a stream cut short re-sends its unacknowledged lines as one."""
+        self._unacked_to_batch()
         while self._inflight is not None or self._pending:
             await self._send_batch()
 
@@ -401,6 +482,11 @@ class Producer:
             while True:
                 await self._wake.wait()
                 self._wake = anyio.Event()
+                while self.streaming and (self._pending or self._unacked):
+                    await self._send_stream()
+                if self.streaming:
+                    self._flush_now = False
+                    continue
                 if not (self._flush_now or self._full()):
                     # Coalesce: what arrives within the window goes in the same request.
                     with anyio.move_on_after(self.batch_window):
@@ -409,7 +495,7 @@ class Producer:
                             self._wake = anyio.Event()
                 self._flush_now = False
                 # Whatever arrived while a request was on the wire goes at once.
-                while self._pending:
+                while self._pending or self._inflight is not None:
                     await self._send_batch()
         except GatewayError as exc:
             self._fail(exc)
@@ -442,6 +528,159 @@ class Producer:
         self.last_event_id = ids[-1]
         self._acknowledged(reply)
 
+    # ------------------------------------------------------------------ streamed appends
+
+    async def _send_stream(self) -> None:
+        """One streamed append (PROTOCOL 3.3), re-sent from the first unacknowledged line
+        after a connection error, a timeout, a 502/503/504 or an error line that asks
+        for it (`backend_unavailable`), for up to `retry_timeout` seconds."""
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    await self._stream_once()
+                    return
+        except (_Retryable, _StreamInterrupted, httpx.TransportError) as exc:
+            raise BackendUnavailable(
+                f"gateway unavailable for {self.retry_timeout} s: {exc}"
+            ) from exc
+
+    async def _stream_once(self) -> None:
+        assert self._client is not None
+        headers = {
+            **self._headers,
+            "Content-Type": NDJSON,
+            "X-Producer-Token": self.token,
+            SEQ_HEADER: str(self._next_seq),
+        }
+        writes: list[float] = []  # when the body's writes that carried lines went out
+        url = f"{self._base_url}/v1/runs/{self.run_id}/events"
+        acks = 0
+        done = False
+        body = self._stream_body(writes)
+        async with self._client.stream("POST", url, content=body, headers=headers) as response:
+            status = response.status_code
+            if status in STREAM_REFUSED_STATUSES:
+                self._fall_back(f"a streamed append was answered {status}")
+                return
+            if status in RETRY_STATUSES:
+                await response.aread()
+                raise _Retryable(response)
+            if status >= 400:
+                await response.aread()
+                raise error_from(response)
+            if response.headers.get("content-type", "").partition(";")[0] != NDJSON:
+                await response.aread()  # not the gateway answering (a proxy's page?)
+                raise RequestRefused(status, "bad_reply", response.text[:200])
+            self.streams_sent += 1
+            async for raw in response.aiter_lines():
+                if not raw.strip():
+                    continue
+                try:
+                    reply = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    raise RequestRefused(status, "bad_reply", raw[:200]) from None
+                if not isinstance(reply, dict):
+                    raise RequestRefused(status, "bad_reply", raw[:200])
+                if "ids" in reply:
+                    acks += 1
+                    self._stream_acked(reply)
+                elif reply.get("done") is True:
+                    done = True
+                elif "error" in reply:
+                    self._stream_error(reply)
+                    return
+        if not done:
+            raise _StreamInterrupted("the streamed append's reply ended before its last line")
+        if acks == 1 and len(writes) > 1 and writes[-1] - writes[0] >= BUFFERED_SPREAD_SECONDS:
+            self._fall_back(
+                f"lines written over {writes[-1] - writes[0]:.2f} s reached the gateway "
+                "together (a proxy buffers request bodies)"
+            )
+
+    async def _stream_body(self, writes: list[float]) -> AsyncIterator[bytes]:
+        """The lines of one streamed request: the unacknowledged ones first, then what is
+        queued as it comes, until `stream_seconds` passed, `batch_events` lines or
+        `STREAM_BYTES` went out, or a flush asks for the replies. A blank line (which
+        renews the lease) goes out when nothing else did for `renew_interval`."""
+        self._stream_open = True
+        try:
+            async for part in self._stream_lines(writes):
+                yield part
+        finally:
+            self._stream_open = False
+
+    async def _stream_lines(self, writes: list[float]) -> AsyncIterator[bytes]:
+        deadline = time.monotonic() + self.stream_seconds
+        size = sum(len(item) + 1 for item in self._unacked)
+        last_write = time.monotonic()
+        if self._unacked:
+            yield b"\n".join(self._unacked) + b"\n"
+            writes.append(last_write)
+        while True:
+            room = self.batch_events - len(self._unacked)
+            if self._pending and room > 0 and size < STREAM_BYTES:
+                lines: list[bytes] = []
+                while self._pending and len(lines) < room and size < STREAM_BYTES:
+                    item = self._pending.popleft()
+                    self._pending_bytes -= len(item)
+                    size += len(item) + 1
+                    lines.append(item)
+                self._unacked.extend(lines)
+                yield b"\n".join(lines) + b"\n"
+                last_write = self._last_ack = time.monotonic()  # the lines renew the lease
+                writes.append(last_write)
+                continue
+            now = time.monotonic()
+            if room <= 0 or size >= STREAM_BYTES or self._flush_now or now >= deadline:
+                return
+            keepalive = last_write + self.renew_interval
+            with anyio.move_on_after(min(deadline, keepalive) - now):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if not self._pending and time.monotonic() >= keepalive:
+                yield b"\n"
+                last_write = self._last_ack = time.monotonic()
+
+    def _stream_acked(self, reply: dict[str, Any]) -> None:
+        ids = reply["ids"]
+        if not isinstance(ids, list) or not ids or len(ids) > len(self._unacked):
+            raise RequestRefused(200, "bad_reply", f"an ack for {ids!r:.100}")
+        del self._unacked[: len(ids)]
+        self._next_seq += len(ids)
+        self.events_sent += len(ids)
+        self.batches_sent += 1
+        self.last_event_id = str(ids[-1])
+        self._acknowledged(reply)
+
+    def _stream_error(self, reply: dict[str, Any]) -> None:
+        """The error line that ended a streamed append (every line before it acked)."""
+        code, detail = str(reply["error"]), str(reply.get("detail", ""))
+        if code in _STREAM_RETRY_CODES:
+            raise _StreamInterrupted(f"{code}: {detail}")
+        if code == "sequence_conflict":
+            # Lines below the gateway's next number were applied, but their ids are no
+            # longer known (3.1): they count as sent; the stream opens again from there.
+            applied = int(reply.get("next_seq", reply.get("expected_seq", 0))) - self._next_seq
+            if 0 < applied <= len(self._unacked):
+                del self._unacked[:applied]
+                self._next_seq += applied
+                self.events_sent += applied
+                return
+        raise _error_of_body(409 if code != "invalid_json" else 400, code, detail, reply)
+
+    def _fall_back(self, reason: str) -> None:
+        """Batched POSTs from now on: what was not acknowledged goes as the next batch."""
+        log.warning("run %s: streamed appends off, batches instead: %s", self.run_id, reason)
+        self.streaming = False
+        self.fell_back = reason
+        self._unacked_to_batch()
+
+    def _unacked_to_batch(self) -> None:
+        if self._unacked:
+            assert self._inflight is None  # one mode at a time
+            self._inflight = _Batch(self._next_seq, tuple(self._unacked))
+            self._unacked.clear()
+
     def _acknowledged(self, reply: dict[str, Any]) -> None:
         self._last_ack = time.monotonic()
         if reply.get("cancel_requested") and not self.cancel_requested:
@@ -473,6 +712,9 @@ class Producer:
             while True:
                 due = self._last_ack + self.renew_interval
                 now = time.monotonic()
+                if self._stream_open:  # its lines and blank lines renew the lease
+                    await anyio.sleep(self.renew_interval)
+                    continue
                 if now < due:
                     await anyio.sleep(due - now)
                     continue
@@ -576,6 +818,11 @@ class Producer:
         return reply
 
 
-def _error_of(exc: BaseException) -> dict[str, Any]:
-    """The END `error` object for an exception that ended the block."""
-    return {"type": type(exc).__name__, "message": str(exc)[:1000]}
+def _error_of(exc: BaseException, publish_message: bool) -> dict[str, Any]:
+    """The END `error` object for an exception that ended the block: its type only, unless
+    the producer opted in to publishing its message (which every reader of the run sees,
+    and which may hold a prompt, a secret or an internal address)."""
+    error: dict[str, Any] = {"type": type(exc).__name__}
+    if publish_message:
+        error["message"] = str(exc)[:1000]
+    return error

@@ -350,3 +350,22 @@ async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
         assert sorted(seq_fields) == sorted(n.encode() for n in names)
     finally:
         await client.aclose()
+
+
+@pytest.mark.cluster
+async def test_the_overlap_rule_holds_on_a_cluster(redis_cluster: Any, key_prefix: str) -> None:
+    """The look-back reads the log in the run's slot, like every other step of the
+    script: an overlap appends its tail and is answered with the first ids."""
+    from gateway.bridge.provider import open_bridge
+    from gateway.settings import Settings
+
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+    settings = Settings(redis_url=url, redis_key_prefix=key_prefix)
+    async with open_bridge(settings) as bridge:
+        run_id = new_run_id()
+        tok = (await bridge.claim(run_id, lease_seconds=30)).token
+        one = await bridge.publish_many(run_id, batch(1, 2, 3), producer_token=tok, seq=1)
+        over = await bridge.publish_many(run_id, batch(2, 3, 4), producer_token=tok, seq=2)
+        assert over.ids[:2] == one.ids[1:] and over.already_applied == 2
+        await bridge.publish_end(run_id, "success", producer_token=tok)
+        assert [n for _, n in await logged(bridge, run_id)] == [1, 2, 3, 4]

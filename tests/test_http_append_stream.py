@@ -396,3 +396,60 @@ async def test_a_client_that_stops_reading_acks_is_bounded_and_dropped(
         sock.close()
     run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
     assert 0 < run["retained_events"] < total
+
+
+async def test_a_draining_gateway_ends_the_stream_with_what_it_applied(
+    gateway_server: RunningServer, client: httpx.AsyncClient
+) -> None:
+    """On shutdown an open stream is not held until the grace period runs out: it ends
+    with `bridge_closed` after appending what it read, and the producer goes on elsewhere
+    from `next_seq`."""
+    producer = await ProducerClient.claim(client)
+    async with Duplex(gateway_server, producer, seq=1) as duplex:
+        duplex.send(lines([1, 2]))
+        assert (await duplex.reply())["next_seq"] == 3
+
+        async def drain() -> None:
+            gateway_server.state.subscriptions.drain()
+
+        gateway_server.call(drain)
+        error = await duplex.reply()
+    assert error["error"] == "bridge_closed" and error["applied"] == 2
+    assert error["next_seq"] == 3
+    run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
+    assert run["retained_events"] == 2
+
+
+async def test_two_streams_with_one_token_append_each_line_once(
+    gateway_server: RunningServer, client: httpx.AsyncClient
+) -> None:
+    """A producer that opened a second stream before the first one died (or two copies
+    of it): both send the same numbered lines; each line is appended once, in order."""
+    producer = await ProducerClient.claim(client)
+    total = 60
+
+    async def body() -> AsyncIterator[bytes]:
+        for start in range(1, total + 1, 5):
+            yield lines(range(start, start + 5))
+            await anyio.sleep(0.005)  # interleave the two bodies
+
+    replies: list[list[dict[str, Any]]] = []
+
+    async def one() -> None:
+        response = await client.post(
+            f"/v1/runs/{producer.run_id}/events", content=body(), headers=headers(producer, 1)
+        )
+        assert response.status_code == 200
+        replies.append([orjson.loads(raw) for raw in response.content.splitlines()])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        tg.start_soon(one)
+    for reply in replies:
+        assert reply[-1]["done"] is True and reply[-1]["count"] == total
+    # Both were told the same id for each line.
+    assert acked_ids(replies[0]) == acked_ids(replies[1])
+    await producer.end()
+    log = await logged(client, producer.run_id)
+    assert [n for _, n in log] == list(range(1, total + 1))
+    assert [i for i, _ in log] == acked_ids(replies[0])

@@ -141,7 +141,11 @@ async def test_a_batch_never_exceeds_the_byte_or_event_limits(
     gateway_server: RunningServer, client: httpx.AsyncClient
 ) -> None:
     async with Producer(
-        gateway_server.base_url, batch_window=0.05, batch_events=50, batch_bytes=2000
+        gateway_server.base_url,
+        batch_window=0.05,
+        batch_events=50,
+        batch_bytes=2000,
+        streaming=False,
     ) as run:
         await run.send_many(("token", {"n": n, "pad": "x" * 100}) for n in range(100))
         await run.flush()

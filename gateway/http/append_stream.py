@@ -42,6 +42,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import (
     BodyIdle,
+    BridgeClosed,
     GatewayError,
     PayloadTooLarge,
     SequenceRefused,
@@ -72,6 +73,10 @@ class _Line:
 @dataclass(slots=True)
 class _Failed:
     error: GatewayError | HttpError
+
+
+KEEPALIVE: Final = _Line("", None, None)  # a blank line, queued in its place
+_DISCONNECTED: Final = _Failed(BridgeClosed("the client left"))  # (never written)
 
 
 @dataclass(slots=True)
@@ -130,7 +135,6 @@ class AppendStreamResponse(Response):
     ) -> None:
         self.status_code = 200
         self._parse = parse  # one line → (name, encoded payload, data), or a 4xx error
-        self._keepalive = False  # a blank line came since the lease was last renewed
         self.background = None
         self._request = request
         self._state = state
@@ -154,7 +158,7 @@ class AppendStreamResponse(Response):
                     await gateway_error_response(exc)(scope, receive, send)
                     return
                 # The body may stay silent for as long as the lease it would keep alive.
-                self._idle = max(1.0, lease.lease_expires_at - time.time())
+                self._idle = max(0.1, lease.lease_expires_at - time.time())
                 self._last_write = time.monotonic()
                 start = {"type": "http.response.start", "status": 200, "headers": list(HEADERS)}
                 await send(start)
@@ -180,61 +184,74 @@ class AppendStreamResponse(Response):
         lines: MemoryObjectSendStream[_Line | _Failed | None],
         scope: anyio.CancelScope,
     ) -> None:
-        """Body chunks → checked lines, in order; None when the body ended."""
-        partial = bytearray()
+        """Body chunks → checked lines, in order; then None when the body ended, or the
+        failure that ends the stream (a bad line, an idle body, the gateway draining)."""
         async with lines:
-            while True:
-                message: Message | None = None
-                with anyio.move_on_after(self._idle):
-                    message = await receive()
-                if message is None:
-                    await _put(
-                        lines,
-                        _Failed(
-                            BodyIdle(
-                                f"the body sent nothing for {self._idle:g} s (the lease); "
-                                "send a blank line to keep an idle stream open"
-                            )
-                        ),
+            with anyio.CancelScope() as drain:
+                remove = self._state.subscriptions.on_drain(drain.cancel)
+                try:
+                    last = await self._read_lines(receive, lines)
+                finally:
+                    remove()
+            if drain.cancelled_caught:
+                # Shutting down: the lines read so far are appended, then the producer is
+                # told to go on elsewhere from `next_seq`.
+                last = _Failed(BridgeClosed("the gateway is shutting down; send the rest again"))
+            if last is _DISCONNECTED:
+                scope.cancel()  # the client left: nothing more can be acknowledged
+                return
+            if not await _put(lines, last) or last is not None:
+                return
+            # The body ended: wait for the client to leave, or for the writer to finish.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            scope.cancel()
+
+    async def _read_lines(
+        self, receive: Receive, lines: MemoryObjectSendStream[_Line | _Failed | None]
+    ) -> _Failed | None:
+        partial = bytearray()
+        while True:
+            message: Message | None = None
+            with anyio.move_on_after(self._idle):
+                message = await receive()
+            if message is None:
+                return _Failed(
+                    BodyIdle(
+                        f"the body sent nothing for {self._idle:g} s (the lease); "
+                        "send a blank line to keep an idle stream open"
                     )
-                    return
-                if message["type"] == "http.disconnect":
-                    scope.cancel()  # the client left: nothing more can be acknowledged
-                    return
-                chunk: bytes = message.get("body", b"")
-                more = bool(message.get("more_body", False))
-                pieces = chunk.split(b"\n")
-                if not more and pieces[-1] == b"" and not partial:
-                    pieces.pop()
-                for index, piece in enumerate(pieces):
-                    last = index == len(pieces) - 1
-                    if last and more:
-                        partial += piece  # the rest of this line comes in a later chunk
-                        if len(partial) > self._line_limit:
-                            await _put(lines, _Failed(self._too_large(len(partial))))
-                            return
-                        break
-                    line = bytes(partial + piece) if partial else piece
-                    partial.clear()
-                    if len(line) > self._line_limit:
-                        await _put(lines, _Failed(self._too_large(len(line))))
-                        return
-                    if not line.strip():
-                        self._keepalive = True  # a blank line: the producer is alive
-                        continue
+                )
+            if message["type"] == "http.disconnect":
+                return _DISCONNECTED
+            chunk: bytes = message.get("body", b"")
+            more = bool(message.get("more_body", False))
+            pieces = chunk.split(b"\n")
+            if not more and pieces[-1] == b"" and not partial:
+                pieces.pop()
+            for index, piece in enumerate(pieces):
+                if more and index == len(pieces) - 1:
+                    partial += piece  # the rest of this line comes in a later chunk
+                    if len(partial) > self._line_limit:
+                        return _Failed(self._too_large(len(partial)))
+                    break
+                line = bytes(partial + piece) if partial else piece
+                partial.clear()
+                if len(line) > self._line_limit:
+                    return _Failed(self._too_large(len(line)))
+                item: _Line
+                if not line.strip():
+                    item = KEEPALIVE  # the producer is alive: renew the lease
+                else:
                     try:
                         name, payload, data = self._parse(line)
                     except (GatewayError, HttpError) as exc:
-                        await _put(lines, _Failed(exc))
-                        return
-                    await _put(lines, _Line(name, payload, data))
-                if not more:
-                    await _put(lines, None)
-                    # Wait for the client to leave, or for the writer to finish.
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    scope.cancel()
-                    return
+                        return _Failed(exc)
+                    item = _Line(name, payload, data)
+                if not await _put(lines, item):
+                    return _DISCONNECTED  # the stream is over already
+            if not more:
+                return None
 
     def _too_large(self, size: int) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -254,7 +271,7 @@ class AppendStreamResponse(Response):
             finished = False
             while not finished and ended is None:
                 group: list[_Line] = []
-                item = await self._next_line(lines)
+                item = await lines.receive()
                 while True:
                     if item is None:
                         finished = True
@@ -262,7 +279,12 @@ class AppendStreamResponse(Response):
                     if isinstance(item, _Failed):
                         ended = item
                         break
-                    group.append(item)
+                    if item is not KEEPALIVE:
+                        group.append(item)
+                    elif not group:  # (a write renews the lease anyway)
+                        ended = await self._keep_alive()
+                        if ended is not None:
+                            break
                     if len(group) >= self._group_limit:
                         break
                     try:
@@ -279,25 +301,17 @@ class AppendStreamResponse(Response):
                 done = {"done": True, "count": self._tally.count, "last_id": self._tally.last_id}
                 await acks.send((orjson.dumps(done) + b"\n", True))
 
-    async def _next_line(
-        self, lines: MemoryObjectReceiveStream[_Line | _Failed | None]
-    ) -> _Line | _Failed | None:
-        """The next line; meanwhile renew the lease now and then if the producer sends
-        keep-alive blank lines only."""
-        while True:
-            timeout = max(0.05, self._idle / 3)
-            with anyio.move_on_after(timeout):
-                return await lines.receive()
-            if self._keepalive and time.monotonic() - self._last_write >= self._idle / 3:
-                self._keepalive = False
-                try:
-                    with anyio.CancelScope(shield=True):
-                        await self._state.bridge.renew_lease(
-                            self._run_id, producer_token=self._token
-                        )
-                except GatewayError as exc:
-                    return _Failed(exc)
-                self._last_write = time.monotonic()
+    async def _keep_alive(self) -> _Failed | None:
+        """A blank line: renew the lease, unless a write did within a third of it."""
+        if time.monotonic() - self._last_write < self._idle / 3:
+            return None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._state.bridge.renew_lease(self._run_id, producer_token=self._token)
+        except GatewayError as exc:
+            return _Failed(exc)
+        self._last_write = time.monotonic()
+        return None
 
     async def _commit(
         self, group: list[_Line], acks: MemoryObjectSendStream[tuple[bytes, bool]]
@@ -376,14 +390,19 @@ class AppendStreamResponse(Response):
 
 async def _put(
     lines: MemoryObjectSendStream[_Line | _Failed | None], item: _Line | _Failed | None
-) -> None:
+) -> bool:
     """Queue a line without a checkpoint while there is room: the lines of one chunk are
     all queued before the appender wakes, so they go in one append (`send` would yield
-    after each, and the appender would take them one by one)."""
+    after each, and the appender would take them one by one). False once the appender
+    has stopped (the stream ended with an error line meanwhile)."""
     try:
-        lines.send_nowait(item)
-    except anyio.WouldBlock:
-        await lines.send(item)
+        try:
+            lines.send_nowait(item)
+        except anyio.WouldBlock:
+            await lines.send(item)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return False
+    return True
 
 
 def is_streamed(request: Request) -> bool:
