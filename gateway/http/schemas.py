@@ -1,21 +1,25 @@
 """What each route takes and answers, declared once as pydantic models.
 
-The routes parse their bodies and query parameters with these models (`parse_body`,
-`parse_query`); the OpenAPI document and the request tables of docs/api.md are
-generated from them (`openapi.py`). A field's rules live in one place: its type, its
-`Field` (default, description, the bounds the document shows) and, where the gateway's
-own check says more than a type can (ids, names, seconds up to a setting), a validator
-that calls that check, so the error a client gets is the one it always got.
+The routes parse their bodies and query parameters with these models
+(`ClaimRequest.parse(body, max_lease_seconds=...)`); the OpenAPI document and the
+request tables of docs/api.md are generated from them (`openapi.py`). A field's rules
+live in one place: its type, its `Field` (default, description, the bounds the
+document shows) and, where the gateway's own check says more than a type can (ids,
+names, seconds up to a setting), a validator that calls that check, so the error a
+client gets is the one it always got.
 
 Errors keep their shapes: a body that is not an object, an unknown field, a missing or
 mistyped field or a value out of range is `422 invalid_input` with a `detail` naming
 the field; what a check raises itself (`reserved_event_name`, `too_large`) passes
 through as it is.
 
-The append route is the exception that proves the rule: an agent POSTs it once per
-token, so `producer.py` parses `{"event", "data"}` / `{"events": [...]}` by hand, with
-the field sets taken from `Event` and `EventBatch` here (which also give the document);
-`tests/test_schemas.py` checks that the two accept and refuse the same bodies.
+The append route is the one exception: an agent POSTs it once per token, and the
+declared form costs there (measured in process: `Event.parse` about 3 us against the
+hand parser's 0.75 us, `EventBatch.parse` of 50 events 100-150 us against 45 us, where
+the whole append costs about 9 us of CPU per event). So `producer.py` parses
+`{"event", "data"}` / `{"events": [...]}` by hand, with the field sets taken from
+`Event` and `EventBatch` here (which also give the document), and
+`tests/test_openapi.py` checks that the two accept and refuse the same bodies.
 Reply models are declared for the document only: the routes build their replies as
 plain dicts (no validation cost on the way out).
 """
@@ -165,7 +169,7 @@ class ClaimRequest(Body):
     input_message: JsonObject | None = Field(
         None, description="The turn's input message (stored in the turn record)"
     )
-    metadata: JsonObject | None = Field(None, description="Free-form; validated, not stored")
+    metadata: JsonObject | None = Field(None, description="Free-form; checked, not stored")
 
 
 class Event(Body):
