@@ -17,6 +17,7 @@ served without being documented (tests/test_openapi.py compares the two).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ Media = Literal[
 
 @dataclass(frozen=True, slots=True)
 class Header:
+    """A request header a route reads."""
+
     name: str
     description: str
     schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "string"})
@@ -59,6 +62,9 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
+    """What one endpoint takes and answers. `errors` are the error statuses it may
+    answer (`ERRORS` describes each); `who` sets the credentials it takes."""
+
     summary: str
     who: Who
     replies: Mapping[int, Reply]
@@ -151,10 +157,6 @@ def document(operation: Operation) -> Callable[[_E], _E]:
     return register
 
 
-def operation_of(endpoint: Callable[..., Any]) -> Operation | None:
-    return _OPERATIONS.get(endpoint)
-
-
 # -- the route table ------------------------------------------------------------------------
 
 
@@ -199,19 +201,7 @@ def document_mount(app: Any, operation: Operation) -> None:
 
 
 def _openapi_path(path: str) -> str:
-    # `{path:path}` -> `{path}`
-    out, depth, skip = [], 0, False
-    for char in path:
-        if char == "{":
-            depth, skip = depth + 1, False
-        elif char == "}":
-            depth, skip = depth - 1, False
-        elif char == ":" and depth:
-            skip = True
-            continue
-        if not skip:
-            out.append(char)
-    return "".join(out)
+    return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", path)  # `{path:path}` -> `{path}`
 
 
 def _path_names(path: str) -> list[str]:

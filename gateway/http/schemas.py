@@ -39,7 +39,7 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ..errors import GatewayError, InvalidInput
 from ..names import ID_PATTERN, check_event_name, check_run_id, check_session_id
@@ -107,6 +107,8 @@ def input_error(error: ErrorDetails) -> GatewayError:
         return InvalidInput(f"{where} is required")
     if kind in _EXPECTED:
         return InvalidInput(f"{where} must be {_EXPECTED[kind]}")
+    if kind == "too_short":
+        return InvalidInput(f"{where} must not be empty")
     if kind == "literal_error":
         return InvalidInput(f"{where} must be one of {error.get('ctx', {}).get('expected')}")
     return InvalidInput(f"{where}: {error['msg']}")
@@ -135,8 +137,8 @@ class Body(Declared):
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise InvalidInput("the body must be a JSON object")
+        if not isinstance(data, dict):  # (named by its place: the body, `events[3]`)
+            raise PydanticCustomError("dict_type", "not a JSON object")
         unknown = sorted(set(data) - set(cls.model_fields))
         if unknown:
             raise InvalidInput(f"unexpected field(s): {', '.join(unknown)[:200]}")
