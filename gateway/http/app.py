@@ -73,9 +73,9 @@ from .subscriptions import SubscriptionRegistry
 )
 async def openapi(request: Request) -> Response:
     app: GatewayApp = request.app
-    if app.openapi is None:
-        app.openapi = openapi_document(app.routes)
-    return json_response(app.openapi)
+    if app.api_document is None:
+        app.api_document = openapi_document(app.routes)
+    return json_response(app.api_document)
 
 
 # The browser console and the JS client (no build step; shipped inside the wheel).
@@ -201,7 +201,7 @@ class GatewayApp(Starlette):
     """
 
     guard: RequestGuard | None = None
-    openapi: dict[str, Any] | None = None  # the document, built on its first request
+    api_document: dict[str, Any] | None = None  # /openapi.json, built on its first request
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
