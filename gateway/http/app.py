@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 from starlette.applications import Starlette
@@ -57,22 +57,51 @@ from .guards import RequestGuard
 from .liveness import monitor
 from .metrics import Metrics
 from .observe import RequestLogMiddleware, begin_request, lifecycle
-from .openapi import openapi_document
+from .openapi import Operation, Reply, document, document_mount, openapi_document
 from .responses import json_response
 from .routing import DirectRoute
 from .state import GatewayState
 from .subscriptions import SubscriptionRegistry
 
 
-async def _openapi(_request: Request) -> Response:
-    return json_response(openapi_document())
+@document(
+    Operation(
+        "This document (OpenAPI 3.1), generated from the routes",
+        "ops",
+        {200: Reply("The OpenAPI document", media="application/json")},
+    )
+)
+async def openapi(request: Request) -> Response:
+    app: GatewayApp = request.app
+    if app.api_document is None:
+        app.api_document = openapi_document(app.routes)
+    return json_response(app.api_document)
 
 
 # The browser console and the JS client (no build step; shipped inside the wheel).
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+_STATIC: Final = StaticFiles(directory=STATIC_DIR)
+document_mount(
+    _STATIC,
+    Operation(
+        "The console's files and the JS client (`/static/gateway-client.js`)",
+        "ops",
+        {
+            200: Reply("The file", media="text/plain"),
+            404: Reply("No such file", media="text/plain"),
+        },
+    ),
+)
 
 
-async def _console(_request: Request) -> Response:
+@document(
+    Operation(
+        "The browser console (docs/client.md)",
+        "ops",
+        {200: Reply("The console page", media="text/html")},
+    )
+)
+async def console(_request: Request) -> Response:
     return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
@@ -133,9 +162,9 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
         *ui_history.routes,
         *session_feed.routes,
         *ops.routes,
-        Route("/openapi.json", _openapi, methods=["GET"], include_in_schema=False),
-        Route("/", _console, methods=["GET"], include_in_schema=False),
-        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/", console, methods=["GET"]),
+        Mount("/static", _STATIC, name="static"),
     ]
     app = GatewayApp(
         routes=routes,
@@ -172,6 +201,7 @@ class GatewayApp(Starlette):
     """
 
     guard: RequestGuard | None = None
+    api_document: dict[str, Any] | None = None  # /openapi.json, built on its first request
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -103,15 +103,6 @@ def reject_unknown(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
         raise InvalidInput(f"unexpected field(s): {', '.join(unknown)[:200]}")
 
 
-def opt_str(body: Mapping[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"{key} must be a string")
-    return value
-
-
 def req_str(body: Mapping[str, Any], key: str) -> str:
     value = body.get(key, _MISSING)
     if value is _MISSING:
@@ -119,36 +110,6 @@ def req_str(body: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise InvalidInput(f"{key} must be a string")
     return value
-
-
-def opt_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidInput(f"{key} must be a boolean")
-    return value
-
-
-def opt_object(body: Mapping[str, Any], key: str) -> dict[str, Any] | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{key} must be a JSON object")
-    return value
-
-
-def opt_seconds(
-    body: Mapping[str, Any], key: str, *, maximum: float, allow_zero: bool = False
-) -> float | None:
-    """An optional positive, finite number of seconds, at most `maximum`."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{key} must be a number of seconds")
-    return check_seconds(key, float(value), maximum=maximum, allow_zero=allow_zero)
 
 
 def check_seconds(key: str, value: float, *, maximum: float, allow_zero: bool = False) -> float:
@@ -159,13 +120,12 @@ def check_seconds(key: str, value: float, *, maximum: float, allow_zero: bool = 
     return value
 
 
-def query_seconds(request: Request, key: str, default: float) -> float:
-    """A query parameter holding a non-negative finite number of seconds (422 otherwise)."""
-    raw = request.query_params.get(key)
+def query_seconds_value(key: str, raw: object, default: float) -> float:
+    """`raw` (a query parameter's text, None when absent) as seconds; see `query_seconds`."""
     if raw is None or raw == "":
         return default
     # ASCII digits only: float() also takes other scripts' digits, `_`, spaces, `inf`
-    if not _SECONDS_RE.fullmatch(raw):
+    if not isinstance(raw, str) or not _SECONDS_RE.fullmatch(raw):
         raise InvalidInput(f"{key} must be a number of seconds (ASCII digits, e.g. 2.5)")
     value = float(raw)
     if not math.isfinite(value) or value < 0:

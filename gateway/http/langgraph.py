@@ -29,8 +29,19 @@ from ..values import RunInfo
 from . import access
 from .auth import Principal
 from .frames import LANGGRAPH
+from .openapi import (
+    LAST_EVENT_ID,
+    READER_ERRORS,
+    SSE,
+    STREAM_ERRORS,
+    TERMINAL_CURSOR,
+    Operation,
+    Reply,
+    document,
+)
 from .responses import json_response
 from .routing import SSERoute
+from .schemas import StreamQuery, ThreadRun
 from .state import GatewayState, gateway_state
 from .subscriber import lookup, sse_response
 
@@ -53,6 +64,25 @@ async def _thread_run(request: Request, state: GatewayState) -> tuple[str, RunIn
     return session_id, info, principal
 
 
+@document(
+    Operation(
+        "The run's SSE at the langgraph-sdk join_stream path",
+        "subscriber",
+        {
+            200: Reply(
+                SSE.description,
+                media="text/event-stream",
+                headers={"Location": "…/threads/{session_id}/runs/{run_id}/stream"},
+            ),
+            204: TERMINAL_CURSOR,
+        },
+        STREAM_ERRORS,
+        query=StreamQuery,
+        headers=(LAST_EVENT_ID,),
+        description="Extra query parameters the SDK sends (`stream_mode`, "
+        "`cancel_on_disconnect`) are accepted and ignored.",
+    )
+)
 async def join_stream(request: Request) -> Response:
     state = gateway_state(request)
     session_id, info, principal = await _thread_run(request, state)
@@ -68,6 +98,14 @@ async def join_stream(request: Request) -> Response:
     )
 
 
+@document(
+    Operation(
+        "LangGraph-style run status (what langgraph-sdk polls after a drop)",
+        "subscriber",
+        {200: Reply("The run status", ThreadRun)},
+        READER_ERRORS,
+    )
+)
 async def thread_run_status(request: Request) -> Response:
     state = gateway_state(request)
     session_id, info, _ = await _thread_run(request, state)

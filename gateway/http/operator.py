@@ -15,10 +15,19 @@ from starlette.routing import Route
 from ..errors import RunNotFound
 from ..names import check_run_id
 from . import access
+from .openapi import READER_ERRORS, Operation, Reply, document
 from .responses import no_content
 from .state import gateway_state
 
 
+@document(
+    Operation(
+        "Remove the run's retained log now (the record stays)",
+        "operator",
+        {204: Reply("Removed")},
+        READER_ERRORS,
+    )
+)
 async def delete_run(request: Request) -> Response:
     access.operator(request)
     state = gateway_state(request)

@@ -29,7 +29,9 @@ from ..errors import BackendUnavailable
 from .errors import error_response, gateway_error_response
 from .metrics import CONTENT_TYPE
 from .observe import lifecycle, request_id_of
+from .openapi import Operation, Reply, document
 from .responses import json_response
+from .schemas import Error, Status
 from .state import gateway_state
 
 
@@ -74,10 +76,21 @@ async def log_eviction_policy(bridge: object) -> None:
         lifecycle(warning["code"], warning["detail"], level=logging.WARNING)
 
 
+@document(Operation("Liveness", "ops", {200: Reply("Alive", Status)}))
 async def healthz(_request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
+@document(
+    Operation(
+        "Readiness: started, backend reachable, scripts loaded, not draining",
+        "ops",
+        {
+            200: Reply("Ready (with `warnings` when the backend is misconfigured)", Status),
+            503: Reply("backend_unavailable / not_started / draining", Error),
+        },
+    )
+)
 async def readyz(request: Request) -> Response:
     state = gateway_state(request)
     if state.subscriptions.draining:
@@ -113,6 +126,9 @@ async def readyz(request: Request) -> Response:
     return json_response({"status": "ready"})
 
 
+@document(
+    Operation("Prometheus text exposition", "ops", {200: Reply("Metrics", media="text/plain")})
+)
 async def metrics(request: Request) -> Response:
     body = gateway_state(request).metrics.render()
     return Response(body, media_type=CONTENT_TYPE)

@@ -17,33 +17,35 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import InvalidInput, PayloadTooLarge, StreamEnded
-from ..names import check_end_status, check_event_name, check_run_id, check_session_id
+from ..names import check_event_name, check_run_id
 from ..sequence import HEADER as SEQ_HEADER
 from ..sequence import parse_seq_header
 from ..values import RawJSON, encode_json
 from . import access
 from .append_stream import AppendStreamResponse, is_streamed
-from .bodies import (
-    opt_bool,
-    opt_object,
-    opt_seconds,
-    opt_str,
-    parse_json_object,
-    read_json_object,
-    reject_unknown,
-    req_str,
-)
+from .bodies import parse_json_object, read_json_object, reject_unknown, req_str
 from .errors import HttpError, RunEndedOnClaim
+from .openapi import PRODUCER_ERRORS, PRODUCER_SEQ, PRODUCER_TOKEN, Operation, Reply, document
 from .responses import json_response
 from .routing import DirectRoute
+from .schemas import (
+    AppendAck,
+    Claim,
+    ClaimRequest,
+    EndRequest,
+    EndResult,
+    Event,
+    EventBatch,
+    LeaseRequest,
+    LeaseState,
+    PublishResult,
+)
 from .state import GatewayState, gateway_state
 
-_CLAIM_FIELDS: Final = frozenset(
-    {"run_id", "session_id", "lease_seconds", "takeover", "input_message", "metadata"}
-)
-_EVENT_FIELDS: Final = frozenset({"event", "data"})
-_END_FIELDS: Final = frozenset({"status", "error"})
-_LEASE_FIELDS: Final = frozenset({"lease_seconds"})
+# The append route parses by hand (an agent POSTs it once per token; `schemas.py`), with
+# the fields its declared models name.
+_EVENT_FIELDS: Final = frozenset(Event.model_fields)
+_BATCH_FIELDS: Final = frozenset(EventBatch.model_fields)
 
 
 def producer_token(request: Request) -> str:
@@ -57,27 +59,30 @@ def _run_id(request: Request) -> str:
     return check_run_id(request.path_params["run_id"])
 
 
+@document(
+    Operation(
+        "Claim a run (create it, or take over an expired or forced lease)",
+        "producer",
+        {201: Reply("The producer lease", Claim)},
+        PRODUCER_ERRORS,
+        body=ClaimRequest,
+    )
+)
 async def claim_run(request: Request) -> Response:
     access.producer(request)
     state = gateway_state(request)
-    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=True)
-    reject_unknown(body, _CLAIM_FIELDS)
-    run_id = opt_str(body, "run_id")
-    run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
-    session_id = opt_str(body, "session_id")
-    if session_id is not None:
-        check_session_id(session_id)
-    lease = opt_seconds(body, "lease_seconds", maximum=state.settings.max_lease_seconds)
-    takeover = opt_bool(body, "takeover", False)
-    input_message = opt_object(body, "input_message")
-    opt_object(body, "metadata")
+    body = ClaimRequest.parse(
+        await read_json_object(request, state.settings.max_body_bytes, allow_empty=True),
+        max_lease_seconds=state.settings.max_lease_seconds,
+    )
+    run_id = body.run_id if body.run_id is not None else uuid.uuid4().hex
     try:
         claim = await state.bridge.claim(
             run_id,
-            session_id=session_id,
-            lease_seconds=lease,
-            takeover=takeover,
-            input_message=input_message,  # the turn opens in the claim's own step
+            session_id=body.session_id,
+            lease_seconds=body.lease_seconds,
+            takeover=bool(body.takeover),
+            input_message=body.input_message,  # the turn opens in the claim's own step
         )
     except StreamEnded as exc:
         raise RunEndedOnClaim(str(exc) or f"run {run_id} has ended") from None
@@ -105,7 +110,7 @@ def parse_events(body: dict[str, Any], state: GatewayState) -> list[tuple[str, A
     settings = state.settings
     if "events" not in body:
         return [_one_event(body, "the body")]
-    reject_unknown(body, frozenset({"events"}))
+    reject_unknown(body, _BATCH_FIELDS)
     raw = body["events"]
     if not isinstance(raw, list) or not raw:
         raise InvalidInput('events must be a non-empty list of {"event", "data"} objects')
@@ -144,6 +149,25 @@ def parse_line(line: bytes, state: GatewayState) -> tuple[str, Any, Any]:
     return name, payload, data
 
 
+@document(
+    Operation(
+        "Append one event or a batch (atomically), or stream a turn's events",
+        "producer",
+        {
+            200: Reply(
+                "The assigned ids and the cancel flag; for a streamed body, one ack line per "
+                "append, then `done` or an error line",
+                PublishResult,
+                more={"application/x-ndjson": AppendAck},
+            )
+        },
+        (*PRODUCER_ERRORS, 429),
+        body=(Event, EventBatch),
+        body_required=True,
+        streamed_body=Event,
+        headers=(PRODUCER_TOKEN, PRODUCER_SEQ),
+    )
+)
 async def publish_events(request: Request) -> Response:
     access.producer(request)
     state = gateway_state(request)
@@ -176,33 +200,58 @@ async def publish_events(request: Request) -> Response:
     return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
 
 
+@document(
+    Operation(
+        "Append the END (idempotent)",
+        "producer",
+        {200: Reply("The END's id; deduplicated when it existed", EndResult)},
+        PRODUCER_ERRORS,
+        body=EndRequest,
+        body_required=True,
+        headers=(PRODUCER_TOKEN,),
+    )
+)
 async def end_run(request: Request) -> Response:
     access.producer(request)
     state = gateway_state(request)
     run_id = _run_id(request)
     token = producer_token(request)
-    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
-    reject_unknown(body, _END_FIELDS)
-    status = check_end_status(req_str(body, "status"))
-    error = opt_object(body, "error")
+    body = EndRequest.parse(
+        await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
+    )
     started = time.perf_counter()
     try:
-        result = await state.bridge.publish_end(run_id, status, error, producer_token=token)
+        result = await state.bridge.publish_end(
+            run_id, body.status, body.error, producer_token=token
+        )
     except orjson.JSONEncodeError as exc:
         raise InvalidInput(f"error cannot be encoded as JSON: {exc}") from None
     state.metrics.end_published(result, started)
     return json_response({"id": result.id, "deduplicated": result.deduplicated})
 
 
+@document(
+    Operation(
+        "Renew the producer lease without writing an event",
+        "producer",
+        {200: Reply("The new expiry, and the cancel flag", LeaseState)},
+        PRODUCER_ERRORS,
+        body=LeaseRequest,
+        headers=(PRODUCER_TOKEN,),
+    )
+)
 async def renew_lease(request: Request) -> Response:
     access.producer(request)
     state = gateway_state(request)
     run_id = _run_id(request)
     token = producer_token(request)
-    body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=True)
-    reject_unknown(body, _LEASE_FIELDS)
-    lease = opt_seconds(body, "lease_seconds", maximum=state.settings.max_lease_seconds)
-    lease_state = await state.bridge.renew_lease(run_id, producer_token=token, lease_seconds=lease)
+    body = LeaseRequest.parse(
+        await read_json_object(request, state.settings.max_body_bytes, allow_empty=True),
+        max_lease_seconds=state.settings.max_lease_seconds,
+    )
+    lease_state = await state.bridge.renew_lease(
+        run_id, producer_token=token, lease_seconds=body.lease_seconds
+    )
     return json_response(
         {
             "lease_expires_at": lease_state.lease_expires_at,

@@ -44,8 +44,10 @@ from . import access
 from .errors import public_detail
 from .frames import HEARTBEAT_FRAME, SHUTDOWN_FRAME, event_frame, gap_payload
 from .observe import record_of
+from .openapi import LAST_EVENT_ID, SSE, STREAM_ERRORS, Operation, Reply, document
 from .responses import no_content
 from .routing import SSERoute
+from .schemas import StreamQuery
 from .sse import COALESCE_BYTES, Outcome, SSEResponse, StreamState, _Stream
 from .state import GatewayState, gateway_state
 from .subscriber import cursor_of
@@ -232,6 +234,23 @@ def feed_cursor(request: Request) -> SessionCursor | None:
     return parse_session_cursor(raw)
 
 
+@document(
+    Operation(
+        "The session feed: one SSE response that follows every turn of a session",
+        "subscriber",
+        {
+            200: Reply(
+                "`turn`, the run's events, `turn_end` per turn; `gap` or `end` (retired) "
+                "last; ids are session cursors",
+                media=SSE.media,
+            ),
+            204: Reply("The cursor is a `gap` or `retired` id: stop reconnecting"),
+        },
+        STREAM_ERRORS,
+        query=StreamQuery,
+        headers=(LAST_EVENT_ID,),
+    )
+)
 async def stream_session(request: Request) -> Response:
     principal = access.subscriber(request)
     session_id = check_session_id(request.path_params["session_id"])

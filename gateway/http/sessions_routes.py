@@ -30,9 +30,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..names import check_session_id
-from ..sessions.base import SessionStore, parse_flag, parse_limit
+from ..sessions.base import SessionStore
 from . import access
+from .openapi import SESSION_ERRORS, Operation, Reply, document
 from .responses import json_response
+from .schemas import (
+    DeleteSessionQuery,
+    LimitQuery,
+    SessionDeleted,
+    SessionList,
+    SessionsQuery,
+    TurnList,
+)
 from .state import gateway_state
 
 log = logging.getLogger(__name__)
@@ -46,10 +55,19 @@ def session_store(request: Request) -> SessionStore:
 # -- routes ---------------------------------------------------------------------------------
 
 
+@document(
+    Operation(
+        "The session index, newest first (a scoped token: the sessions it names)",
+        "subscriber",
+        {200: Reply("The sessions", SessionList)},
+        SESSION_ERRORS,
+        query=SessionsQuery,
+    )
+)
 async def list_sessions(request: Request) -> Response:
     principal = access.subscriber(request)
-    limit = parse_limit(request.query_params.get("limit"))
-    parked = parse_flag(request.query_params.get("parked"), "parked")
+    query = SessionsQuery.parse(request.query_params)
+    limit, parked = query.limit, query.parked
     store = session_store(request)
     if principal.full_access:
         rows = await store.list_sessions(limit, parked)
@@ -58,20 +76,37 @@ async def list_sessions(request: Request) -> Response:
     return json_response({"sessions": rows})
 
 
+@document(
+    Operation(
+        "A session's turns, the newest `limit` of them, oldest first",
+        "subscriber",
+        {200: Reply("The turns (none for an unknown or retired session)", TurnList)},
+        SESSION_ERRORS,
+        query=LimitQuery,
+    )
+)
 async def list_turns(request: Request) -> Response:
     principal = access.subscriber(request)
     session_id = check_session_id(request.path_params["session_id"])
     principal.check_session(session_id)
-    limit = parse_limit(request.query_params.get("limit"))
+    limit = LimitQuery.parse(request.query_params).limit
     turns = await session_store(request).list_turns(session_id, limit)
     return json_response({"turns": turns})
 
 
+@document(
+    Operation(
+        "Retire a session (or clear its turns) and remove its runs' logs",
+        "operator",
+        {200: Reply("What was removed", SessionDeleted)},
+        (*SESSION_ERRORS, 409),
+        query=DeleteSessionQuery,
+    )
+)
 async def delete_session(request: Request) -> Response:
     access.operator(request)
     session_id = check_session_id(request.path_params["session_id"])
-    raw = request.query_params.get("retire")
-    retire = True if raw is None else parse_flag(raw, "retire")
+    retire = DeleteSessionQuery.parse(request.query_params).retire
     state = gateway_state(request)
     run_ids = await session_store(request).delete_session(session_id, retire)
     for run_id in run_ids:

@@ -22,10 +22,29 @@ from ..names import check_run_id
 from ..values import End, RunInfo, StreamEvent, StreamGap
 from . import access
 from .auth import Principal
-from .bodies import query_seconds, require_json
+from .bodies import require_json
 from .frames import RUN, TERMINAL_CURSORS, Framing
+from .openapi import (
+    LAST_EVENT_ID,
+    READER_ERRORS,
+    SSE,
+    STREAM_ERRORS,
+    TERMINAL_CURSOR,
+    Operation,
+    Reply,
+    document,
+)
 from .responses import json_response
 from .routing import SSERoute
+from .schemas import (
+    CancelAccepted,
+    CancelRequest,
+    Run,
+    StreamQuery,
+    WaitDone,
+    WaitQuery,
+    WaitRunning,
+)
 from .sse import ResumeStart, SSEResponse
 from .state import GatewayState, gateway_state
 
@@ -119,6 +138,7 @@ def _resume_start(cursor: str | None) -> ResumeStart:
     return "cursor"
 
 
+@document(Operation("The run record", "subscriber", {200: Reply("The run", Run)}, READER_ERRORS))
 async def get_run(request: Request) -> Response:
     principal = access.subscriber(request)
     state = gateway_state(request)
@@ -126,6 +146,16 @@ async def get_run(request: Request) -> Response:
     return json_response(run_json(info))
 
 
+@document(
+    Operation(
+        "Follow the run as Server-Sent Events",
+        "subscriber",
+        {200: SSE, 204: TERMINAL_CURSOR},
+        STREAM_ERRORS,
+        query=StreamQuery,
+        headers=(LAST_EVENT_ID,),
+    )
+)
 async def stream_run(request: Request) -> Response:
     principal = access.subscriber(request)
     state = gateway_state(request)
@@ -133,6 +163,15 @@ async def stream_run(request: Request) -> Response:
     return sse_response(request, state, info, expires_at=principal.expires_at)
 
 
+@document(
+    Operation(
+        "Ask the producer to stop (seen in its next write or lease reply)",
+        "subscriber",
+        {202: Reply("Cancel requested", CancelAccepted)},
+        (*READER_ERRORS, 415),
+        body=CancelRequest,
+    )
+)
 async def cancel_run(request: Request) -> Response:
     principal = access.subscriber(request)
     require_json(request)  # no body, but never a request a web page may send unasked
@@ -192,11 +231,23 @@ def _ended(info: RunInfo, end: End, cursor: str | None) -> RunInfo:
     return replace(info, status=end.status, error=end.error, last_event_id=cursor)
 
 
+@document(
+    Operation(
+        "Block until the run's END, or until the timeout",
+        "subscriber",
+        {
+            200: Reply("The run ended", WaitDone),
+            202: Reply("Still running at the timeout (or the gateway drains)", WaitRunning),
+        },
+        STREAM_ERRORS,
+        query=WaitQuery,
+    )
+)
 async def wait_run(request: Request) -> Response:
     principal = access.subscriber(request)
     state = gateway_state(request)
     run_id = check_run_id(request.path_params["run_id"])
-    timeout = min(query_seconds(request, "timeout", DEFAULT_WAIT_SECONDS), MAX_WAIT_SECONDS)
+    timeout = min(WaitQuery.parse(request.query_params).timeout, MAX_WAIT_SECONDS)
     info = await lookup(state, principal, run_id)
     if info.ended:
         return json_response({"status": info.status, "last_event_id": info.last_event_id})

@@ -18,18 +18,32 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..names import check_session_id
-from ..sessions.base import parse_limit
 from ..sessions.ui_messages import needs_error, ui_messages
 from . import access
+from .openapi import SESSION_ERRORS, Operation, Reply, document
 from .responses import json_response
+from .schemas import LimitQuery, UIMessage
 from .state import gateway_state
 
 
+@document(
+    Operation(
+        "The session's turns as AI SDK `UIMessage[]`, to restore a chat",
+        "subscriber",
+        {
+            200: Reply(
+                "The messages, oldest first (`[]`: unknown or retired)", UIMessage, array=True
+            )
+        },
+        SESSION_ERRORS,
+        query=LimitQuery,
+    )
+)
 async def list_ui_messages(request: Request) -> Response:
     principal = access.subscriber(request)
     session_id = check_session_id(request.path_params["session_id"])
     principal.check_session(session_id)
-    limit = parse_limit(request.query_params.get("limit"))
+    limit = LimitQuery.parse(request.query_params).limit
     state = gateway_state(request)
     turns = await state.sessions.list_turns(session_id, limit)
     running = await state.sessions.running_turn(session_id) if turns else None

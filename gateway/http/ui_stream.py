@@ -34,6 +34,7 @@ from ..sessions.turns import UI_CHUNK_EVENT
 from ..values import End, StreamEvent, StreamGap, encode_json
 from . import access
 from .frames import Framing
+from .openapi import STREAM_ERRORS, Operation, Reply, document
 from .routing import SSERoute
 from .sse import SSEResponse
 from .state import gateway_state
@@ -93,6 +94,21 @@ class UIMessageFraming(Framing):
 UI_MESSAGES: Final = UIMessageFraming()
 
 
+@document(
+    Operation(
+        "The session's running turn as an AI SDK UI message stream (resume)",
+        "subscriber",
+        {
+            200: Reply(
+                "UI message chunks as `data:` lines, then `[DONE]` or an error chunk",
+                media="text/event-stream",
+                headers={"x-vercel-ai-ui-message-stream": "v1"},
+            ),
+            204: Reply("No running turn (also an unknown or retired session)"),
+        },
+        STREAM_ERRORS,
+    )
+)
 async def ui_stream(request: Request) -> Response:
     principal = access.subscriber(request)
     session_id = check_session_id(request.path_params["session_id"])
