@@ -34,7 +34,7 @@ import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
@@ -91,7 +91,6 @@ class _Tally:
     count: int = 0
     last_id: str | None = None
     next_seq: int | None = None
-    started: float = field(default_factory=time.monotonic)
 
 
 _Item = _Line | _Failed | None  # None: the body ended
