@@ -5,7 +5,10 @@ One gateway process (pinned to CPU 0; memory bridge, then Redis bridge with
 redis-server on CPU 1), one producer in this process (CPU 1), one run at a time:
 
 - client: `await run.send("token", {"text": "word "})` in a loop (batched by the client:
-  20 ms window, at most 500 events / 64 KiB a batch, each batch numbered), then `flush`;
+  20 ms window, at most 500 events / 64 KiB a batch, each batch numbered;
+  `streaming=False`), then `flush`;
+- client, streamed: the same loop with the client's default, streamed appends (one
+  ndjson request per 0.5 s or 500 lines, numbered);
 - raw `publish_many`: httpx posting pre-built batches of 500 of the same events back to
   back (`{"events": [...]}`, unnumbered): what the client's batching can reach at best;
 - one request per event: httpx posting each event alone (what a producer that does not
@@ -44,8 +47,9 @@ async def _claim(client: httpx.AsyncClient, run_id: str) -> dict[str, str]:
     return {"X-Producer-Token": reply.json()["producer_token"]}
 
 
-async def client_rate(url: str, n: int) -> tuple[float, int]:
-    async with Producer(url, run_id=f"client-{time.monotonic_ns()}") as run:
+async def client_rate(url: str, n: int, streaming: bool = False) -> tuple[float, int]:
+    run_id = f"client-{time.monotonic_ns()}"
+    async with Producer(url, run_id=run_id, streaming=streaming) as run:
         start = time.perf_counter()
         for _ in range(n):
             await run.send("token", TOKEN)
@@ -88,16 +92,21 @@ def measure(label: str, url: str, n: int, singles: int, rounds: int) -> None:
     asyncio.run(client_rate(url, 2_000))  # warm-up (connections, scripts)
     clients: list[float] = []
     raws: list[float] = []
-    batches = 0
+    streams: list[float] = []
+    batches = appends = 0
     for _ in range(rounds):
         rate, batches = asyncio.run(client_rate(url, n))
         clients.append(rate)
+        rate, appends = asyncio.run(client_rate(url, n, streaming=True))
+        streams.append(rate)
         raws.append(asyncio.run(raw_batched_rate(url, n)))
     single = asyncio.run(one_per_request_rate(url, singles))
     client, raw = statistics.median(clients), statistics.median(raws)
     ratio = statistics.median(c / r for c, r in zip(clients, raws, strict=True))
     print(f"{label}: {n:,} token events a run ({len(orjson.dumps(TOKEN))} bytes of data each)")
     print(f"  client (batched, numbered):  {client:>10,.0f} events/s  ({batches} batches a run)")
+    streamed = statistics.median(streams)
+    print(f"  client (streamed, numbered): {streamed:>10,.0f} events/s  ({appends} appends a run)")
     print(f"  raw publish_many x{BATCH} HTTP: {raw:>10,.0f} events/s")
     print(f"  one request per event:       {single:>10,.0f} events/s  ({singles:,} events)")
     print(

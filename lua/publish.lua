@@ -51,7 +51,7 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
-  'session', 'last', 'remove_at', 'len', 'ttl_at')
+  'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -83,7 +83,7 @@ local skip = 0
 local applied = {}
 local s = nil
 if batch_seq then
-  s = redis.call('HMGET', KEYS[1], 'seq_tok', 'seq_next', 'seq_last', 'seq_base')
+  s = {meta[11], meta[12], meta[13], meta[14]}  -- read with the record, in one HMGET
   local mine = s[1] == ARGV[1]
   local expected = mine and tonumber(s[2]) or 1
   if batch_seq > expected then
@@ -141,14 +141,15 @@ for i = 7 + 2 * skip, #ARGV, 2 do
 end
 local last = reply[#reply]
 
+local numbering = nil
 if batch_seq then
   -- The numbered run goes on while nothing else was appended since its newest event.
   local first_new = batch_seq + skip
   local base = first_new
   if s[1] == ARGV[1] and meta[7] == s[3] then base = tonumber(s[4]) end
-  redis.call('HSET', KEYS[1], 'seq_tok', ARGV[1],
-    'seq_next', string.format('%d', first_new + count),
-    'seq_last', last, 'seq_base', string.format('%d', base))
+  -- (written with the record's other fields, in the one HSET below)
+  numbering = {'seq_tok', ARGV[1], 'seq_next', string.format('%d', first_new + count),
+    'seq_last', last, 'seq_base', string.format('%d', base)}
   if skip > 0 then
     -- The reply lists every event of the batch: first-assigned ids, then the new ones.
     local full = {'overlap', reply[2], reply[3], skip}
@@ -178,10 +179,13 @@ local ttl = tonumber(ARGV[3])
 local remove_at = tonumber(meta[8] or '0')
 local ttl_at = tonumber(meta[10] or '0')
 local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
-redis.call('HSET', KEYS[1],
-  'lease_until', string.format('%d', now + tonumber(meta[5])),
+local record = {'lease_until', string.format('%d', now + tonumber(meta[5])),
   'updated', string.format('%d', now), 'last', last, 'len', string.format('%d', length),
-  'ttl_at', string.format('%d', refresh and now or ttl_at))
+  'ttl_at', string.format('%d', refresh and now or ttl_at)}
+if numbering then
+  for i = 1, #numbering do record[#record + 1] = numbering[i] end
+end
+redis.call('HSET', KEYS[1], unpack(record))
 if refresh then
   redis.call('PEXPIRE', KEYS[1], ttl)
   -- A removal scheduled with cleanup(delay) is not put off by later writes.

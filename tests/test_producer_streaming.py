@@ -6,7 +6,10 @@ tests/test_deploy.py."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,6 +22,7 @@ from gateway.values import End
 from tests import http_server
 from tests.fault_relay import Fault, FaultRelay
 from tests.http_server import RunningServer
+from tests.proxies import GatewayProcess
 from tests.sse_client import SSEResult, read_stream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -145,3 +149,52 @@ async def test_the_end_error_carries_the_message_only_when_opted_in(
         assert error == {"type": "RuntimeError", "message": "secret prompt"}
     else:
         assert error == {"type": "RuntimeError"}
+
+
+def _redis_connections(pid: int, redis_port: int) -> int:
+    """TCP connections of process `pid` to `redis_port` (its socket inodes, matched in
+    /proc/net/tcp by remote port)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    count = 0
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+        if remote_port == redis_port and fields[9] in inodes and fields[3] == "01":
+            count += 1  # (state 01: established)
+    return count
+
+
+async def test_one_follower_and_one_streaming_producer_hold_a_few_redis_connections(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The pool opens connections as concurrency needs them: a gateway with one follower
+    and one producer streaming tokens holds at most 4 connections to Redis (commands,
+    scripts, the pub/sub listener)."""
+    redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with GatewayProcess(redis_url=redis_url, key_prefix=key_prefix, heartbeat=0.3) as gw:
+        assert gw.proc is not None
+        seen: list[int] = []
+        followed: list[SSEResult] = []
+
+        async def follow(run_id: str) -> None:
+            followed.append(await stream_of(plain, run_id))
+
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as plain,
+            anyio.create_task_group() as tg,
+            Producer(gw.url) as run,
+        ):
+            tg.start_soon(follow, run.run_id)
+            for n in range(200):
+                await run.send("token", {"n": n})
+                await anyio.sleep(0.002)  # the subject: a token stream over time
+                if n % 20 == 0:
+                    seen.append(_redis_connections(gw.proc.pid, redis_port))
+        assert numbers(followed[0]) == list(range(200))
+        assert run.streams_sent >= 1 and max(seen) >= 1
+        assert max(seen) <= 4, seen

@@ -1,44 +1,48 @@
 """Streamed appends (PROTOCOL 3.3): one `POST …/events` with an `application/x-ndjson`
 body for a whole turn, one event a line, acknowledged as it goes.
 
-Three tasks share the request, in one task group:
+Two tasks share the request, in one task group:
 
 - the **reader** takes body chunks as they arrive, splits them into lines and checks
   each one as a batch's event is checked (`producer.parse_line`: JSON, name, size); the
-  lines go into a bounded channel (`max_batch_events` lines), so a slow backend stops
-  the reader and TCP backpressure reaches the producer;
-- the **appender** takes every line waiting in that channel (up to `max_batch_events`)
-  and appends them in one `publish_many` call: lines that arrive while an append is in
-  flight go into the next one (group commit), and a lone line is appended at once (no
-  linger timer);
-- the **writer** sends one ack line per append, `{"ids", "next_seq"?, "cancel_requested"}`,
-  joining the acks waiting into one write. The acks wait in a bounded channel, so a client
-  that stops reading them stops the appender, then the reader (nothing is buffered without
-  bound); a write pending for the send timeout drops the client.
+  lines wait in a bounded queue (`max_batch_events` lines, `_Lines`), so a slow backend
+  stops the reader and TCP backpressure reaches the producer;
+- the **appender** takes every line waiting (up to `max_batch_events`) and appends them
+  in one `publish_many` call: lines that arrive while an append is in flight go into the
+  next one (group commit), and a lone line is appended at once (no linger timer). After
+  each append it writes one ack line, `{"ids", "next_seq"?, "cancel_requested"}`. A client
+  that stops reading acks therefore stops the appender, then the reader (nothing is
+  buffered without bound), and a write pending for the send timeout drops it (the
+  loop's `SendWatch`, as for SSE).
 
 The response ends with `{"done": true, "count", "last_id"}` when the body ends, or with
 one error line `{"error", "detail", "applied", "next_seq"?}`: every line before the one
 that failed was appended, that one and every later one were not. Numbered streams
 (`X-Producer-Seq` numbers the first line) get 3.1's rules per append, so a producer that
 reconnects and resends from its first unacknowledged number duplicates nothing.
+
+The per-line path takes no timer and no extra event-loop pass: the queue hands lines
+over without a checkpoint, and the idle limit is one timer re-armed lazily
+(`_arm_idle`), not a timeout scope around each read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 import anyio.abc
 import orjson
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..errors import (
     BodyIdle,
@@ -49,6 +53,7 @@ from ..errors import (
     TooManyAppendStreams,
 )
 from .errors import HttpError, gateway_error_response, public_detail
+from .send_watch import SendWatch
 from .state import GatewayState
 
 MEDIA_TYPE: Final = "application/x-ndjson"
@@ -60,7 +65,6 @@ HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
 # A line holds the payload plus its envelope (`{"event": <≤64 chars>, "data": …}`): room
 # for that envelope and some whitespace on top of the payload limit.
 LINE_ENVELOPE_BYTES: Final = 4096
-ACKS_WAITING: Final = 16  # acks written-but-unsent before the appender waits for the writer
 
 
 @dataclass(slots=True)
@@ -86,7 +90,56 @@ class _Tally:
     count: int = 0
     last_id: str | None = None
     next_seq: int | None = None
-    started: float = field(default_factory=time.monotonic)
+
+
+_Item = _Line | _Failed | None  # None: the body ended
+_EMPTY: Final = _Failed(BridgeClosed("(nothing queued)"))  # (never written)
+
+
+class _Lines:
+    """Lines read and not yet appended, in order, at most `limit` of them (a sentinel
+    ending the stream always fits). Handed over without a checkpoint: the lines of one
+    chunk are all queued before the appender wakes, so they go in one append."""
+
+    def __init__(self, limit: int) -> None:
+        self._items: deque[_Item] = deque()
+        self._limit = limit
+        self._ready: anyio.Event | None = None  # the appender waits for an item
+        self._room: anyio.Event | None = None  # the reader waits for room
+        self.closed = False  # the appender stopped: later lines have nowhere to go
+
+    async def put(self, item: _Item) -> bool:
+        while isinstance(item, _Line) and len(self._items) >= self._limit and not self.closed:
+            self._room = anyio.Event()
+            await self._room.wait()
+        if self.closed:
+            return False
+        self._items.append(item)
+        if self._ready is not None:
+            self._ready.set()
+            self._ready = None
+        return True
+
+    async def get(self) -> _Item:
+        while not self._items:
+            self._ready = anyio.Event()
+            await self._ready.wait()
+        return self._take()
+
+    def get_nowait(self) -> _Item:
+        return self._take() if self._items else _EMPTY
+
+    def _take(self) -> _Item:
+        item = self._items.popleft()
+        if self._room is not None:
+            self._room.set()
+            self._room = None
+        return item
+
+    def close(self) -> None:
+        self.closed = True
+        if self._room is not None:
+            self._room.set()
 
 
 def stream_key(request: Request) -> bytes:
@@ -147,6 +200,13 @@ class AppendStreamResponse(Response):
         self._send_timeout = settings.sse_send_timeout_seconds
         self._idle = settings.lease_seconds
         self._last_write = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._scope = anyio.CancelScope()  # the task group's, once streaming
+        self._read_scope = anyio.CancelScope()  # cancelled on drain or an idle body
+        self._receiving_since: float | None = None  # loop time a receive() began
+        self._idle_handle: asyncio.TimerHandle | None = None
+        self._idle_fired = False
+        self._watch = SendWatch.of(self._loop)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
@@ -167,61 +227,67 @@ class AppendStreamResponse(Response):
             await gateway_error_response(exc)(scope, receive, send)
 
     async def _stream(self, receive: Receive, send: Send) -> None:
-        lines_in, lines_out = anyio.create_memory_object_stream[_Line | _Failed | None](
-            self._group_limit
-        )
-        acks_in, acks_out = anyio.create_memory_object_stream[tuple[bytes, bool]](ACKS_WAITING)
+        lines = _Lines(self._group_limit)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._read, receive, lines_in, tg.cancel_scope)
-            tg.start_soon(self._append, lines_out, acks_in)
-            tg.start_soon(self._write, send, acks_out, tg.cancel_scope)
+            self._scope = tg.cancel_scope
+            tg.start_soon(self._read, receive, lines)
+            tg.start_soon(self._append, lines, send)
 
     # -- reader ---------------------------------------------------------------------
 
-    async def _read(
-        self,
-        receive: Receive,
-        lines: MemoryObjectSendStream[_Line | _Failed | None],
-        scope: anyio.CancelScope,
-    ) -> None:
+    async def _read(self, receive: Receive, lines: _Lines) -> None:
         """Body chunks → checked lines, in order; then None when the body ended, or the
         failure that ends the stream (a bad line, an idle body, the gateway draining)."""
-        async with lines:
-            with anyio.CancelScope() as drain:
-                remove = self._state.subscriptions.on_drain(drain.cancel)
-                try:
-                    last = await self._read_lines(receive, lines)
-                finally:
-                    remove()
-            if drain.cancelled_caught:
-                # Shutting down: the lines read so far are appended, then the producer is
-                # told to go on elsewhere from `next_seq`.
-                last = _Failed(BridgeClosed("the gateway is shutting down; send the rest again"))
-            if last is _DISCONNECTED:
-                scope.cancel()  # the client left: nothing more can be acknowledged
-                return
-            if not await _put(lines, last) or last is not None:
-                return
-            # The body ended: wait for the client to leave, or for the writer to finish.
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            scope.cancel()
+        remove = self._state.subscriptions.on_drain(self._read_scope.cancel)
+        self._arm_idle(self._idle)
+        try:
+            with self._read_scope:
+                last = await self._read_lines(receive, lines)
+        finally:
+            remove()
+            if self._idle_handle is not None:
+                self._idle_handle.cancel()
+        if self._idle_fired:
+            last = _Failed(
+                BodyIdle(
+                    f"the body sent nothing for {self._idle:g} s (the lease); "
+                    "send a blank line to keep an idle stream open"
+                )
+            )
+        elif self._read_scope.cancelled_caught:
+            # Shutting down: the lines read so far are appended, then the producer is
+            # told to go on elsewhere from `next_seq`.
+            last = _Failed(BridgeClosed("the gateway is shutting down; send the rest again"))
+        if last is _DISCONNECTED:
+            self._scope.cancel()  # the client left: nothing more can be acknowledged
+            return
+        if not await lines.put(last) or last is not None:
+            return
+        # The body ended: wait for the client to leave, or for the appender to finish.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._scope.cancel()
 
-    async def _read_lines(
-        self, receive: Receive, lines: MemoryObjectSendStream[_Line | _Failed | None]
-    ) -> _Failed | None:
+    def _arm_idle(self, delay: float) -> None:
+        self._idle_handle = self._loop.call_later(delay, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """The idle timer: fires the idle limit only while the reader waits for the
+        client (not while it waits for room in the queue: that is the gateway's delay)."""
+        since = self._receiving_since
+        left = self._idle if since is None else since + self._idle - self._loop.time()
+        if left > 0:
+            self._arm_idle(left)
+            return
+        self._idle_fired = True
+        self._read_scope.cancel()
+
+    async def _read_lines(self, receive: Receive, lines: _Lines) -> _Failed | None:
         partial = bytearray()
         while True:
-            message: Message | None = None
-            with anyio.move_on_after(self._idle):
-                message = await receive()
-            if message is None:
-                return _Failed(
-                    BodyIdle(
-                        f"the body sent nothing for {self._idle:g} s (the lease); "
-                        "send a blank line to keep an idle stream open"
-                    )
-                )
+            self._receiving_since = self._loop.time()
+            message = await receive()
+            self._receiving_since = None
             if message["type"] == "http.disconnect":
                 return _DISCONNECTED
             chunk: bytes = message.get("body", b"")
@@ -248,7 +314,7 @@ class AppendStreamResponse(Response):
                     except (GatewayError, HttpError) as exc:
                         return _Failed(exc)
                     item = _Line(name, payload, data)
-                if not await _put(lines, item):
+                if not await lines.put(item):
                     return _DISCONNECTED  # the stream is over already
             if not more:
                 return None
@@ -261,18 +327,14 @@ class AppendStreamResponse(Response):
 
     # -- appender -------------------------------------------------------------------
 
-    async def _append(
-        self,
-        lines: MemoryObjectReceiveStream[_Line | _Failed | None],
-        acks: MemoryObjectSendStream[tuple[bytes, bool]],
-    ) -> None:
-        async with lines, acks:
+    async def _append(self, lines: _Lines, send: Send) -> None:
+        try:
             ended: _Failed | None = None
             finished = False
             while not finished and ended is None:
                 group: list[_Line] = []
-                item = await lines.receive()
-                while True:
+                item = await lines.get()
+                while item is not _EMPTY:
                     if item is None:
                         finished = True
                         break
@@ -287,19 +349,20 @@ class AppendStreamResponse(Response):
                             break
                     if len(group) >= self._group_limit:
                         break
-                    try:
-                        item = lines.receive_nowait()
-                    except anyio.WouldBlock:
-                        break
+                    item = lines.get_nowait()
                 if group:
-                    failure = await self._commit(group, acks)
+                    failure = await self._commit(group, send)
                     if failure is not None:
                         ended = failure
             if ended is not None:
-                await acks.send((self._error_line(ended.error), True))
+                last = self._error_line(ended.error)
             else:
                 done = {"done": True, "count": self._tally.count, "last_id": self._tally.last_id}
-                await acks.send((orjson.dumps(done) + b"\n", True))
+                last = orjson.dumps(done) + b"\n"
+            await self._send(send, last, more=False)
+        finally:
+            lines.close()
+        self._scope.cancel()  # done: the reader stops waiting for the client
 
     async def _keep_alive(self) -> _Failed | None:
         """A blank line: renew the lease, unless a write did within a third of it."""
@@ -313,9 +376,7 @@ class AppendStreamResponse(Response):
         self._last_write = time.monotonic()
         return None
 
-    async def _commit(
-        self, group: list[_Line], acks: MemoryObjectSendStream[tuple[bytes, bool]]
-    ) -> _Failed | None:
+    async def _commit(self, group: list[_Line], send: Send) -> _Failed | None:
         """Append one group; its ack line, or the failure that ends the stream."""
         state = self._state
         tally = self._tally
@@ -340,7 +401,7 @@ class AppendStreamResponse(Response):
             tally.next_seq += len(result.ids)
             ack["next_seq"] = tally.next_seq
         ack["cancel_requested"] = result.cancel_requested
-        await acks.send((orjson.dumps(ack) + b"\n", False))
+        await self._send(send, orjson.dumps(ack) + b"\n", more=True)
         return None
 
     def _error_line(self, exc: GatewayError | HttpError) -> bytes:
@@ -355,54 +416,22 @@ class AppendStreamResponse(Response):
             body["next_seq"] = expected if expected is not None else self._tally.next_seq
         return orjson.dumps(body) + b"\n"
 
-    # -- writer ---------------------------------------------------------------------
+    # -- writing (the send timeout is the loop's SendWatch, one timer for all) --------
 
-    async def _write(
-        self,
-        send: Send,
-        acks: MemoryObjectReceiveStream[tuple[bytes, bool]],
-        scope: anyio.CancelScope,
-    ) -> None:
-        async with acks:
-            while True:
-                body, last = await acks.receive()
-                parts = [body]
-                while not last:  # every ack waiting goes in one write
-                    try:
-                        body, last = acks.receive_nowait()
-                    except anyio.WouldBlock:
-                        break
-                    parts.append(body)
-                sent = False
-                with anyio.move_on_after(self._send_timeout):
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": b"".join(parts),
-                            "more_body": not last,
-                        }
-                    )
-                    sent = True
-                if not sent or last:
-                    scope.cancel()  # done, or a client that stopped reading: dropped
-                    return
-
-
-async def _put(
-    lines: MemoryObjectSendStream[_Line | _Failed | None], item: _Line | _Failed | None
-) -> bool:
-    """Queue a line without a checkpoint while there is room: the lines of one chunk are
-    all queued before the appender wakes, so they go in one append (`send` would yield
-    after each, and the appender would take them one by one). False once the appender
-    has stopped (the stream ended with an error line meanwhile)."""
-    try:
+    async def _send(self, send: Send, body: bytes, *, more: bool) -> None:
+        self._watch.begin(self)
         try:
-            lines.send_nowait(item)
-        except anyio.WouldBlock:
-            await lines.send(item)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        return False
-    return True
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+        finally:
+            self._watch.end(self)
+
+    @property
+    def timeout(self) -> float:
+        return self._send_timeout
+
+    def send_timed_out(self) -> None:
+        """A write pending for the send timeout: a client that stopped reading, dropped."""
+        self._scope.cancel()
 
 
 def is_streamed(request: Request) -> bool:
