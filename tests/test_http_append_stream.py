@@ -453,3 +453,24 @@ async def test_two_streams_with_one_token_append_each_line_once(
     log = await logged(client, producer.run_id)
     assert [n for _, n in log] == list(range(1, total + 1))
     assert [i for i, _ in log] == acked_ids(replies[0])
+
+
+@pytest.mark.gateway_settings(max_append_streams_per_key=1, api_keys=("k" * 40,))
+async def test_the_per_key_limit_counts_the_key_however_it_is_presented(
+    gateway_server: RunningServer,
+) -> None:
+    key = "k" * 40
+    async with httpx.AsyncClient(
+        base_url=gateway_server.base_url, timeout=TIMEOUT, headers={"X-Api-Key": key}
+    ) as keyed:
+        producer = await ProducerClient.claim(keyed)
+        duplex = Duplex(gateway_server, producer)
+        duplex._headers["Authorization"] = f"Bearer {key}"
+        async with duplex:
+            duplex.send(line(1))
+            assert len((await duplex.reply())["ids"]) == 1
+            # the same key in X-Api-Key is the same holder: its one stream is taken
+            status, replies = await stream_append(keyed, producer, line(2))
+            assert status == 429 and replies[0]["error"] == "too_many_streams"
+            duplex.close_body()
+            assert (await duplex.reply())["done"] is True

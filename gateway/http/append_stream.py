@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -142,15 +141,8 @@ class _Lines:
             self._room.set()
 
 
-def stream_key(request: Request) -> bytes:
-    """Whose limit an open stream counts against: a digest of the credential (the route
-    authorised it already), so the table never holds a key itself."""
-    credential = request.headers.get("authorization", "")
-    return hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
-
-
 @contextlib.contextmanager
-def stream_slot(state: GatewayState, key: bytes) -> Iterator[None]:
+def stream_slot(state: GatewayState, key: str) -> Iterator[None]:
     """One of the key's `max_append_streams_per_key` slots, held while the stream is open."""
     open_now = state.append_streams.get(key, 0)
     limit = state.settings.max_append_streams_per_key
@@ -185,8 +177,10 @@ class AppendStreamResponse(Response):
         token: str,
         seq: int | None,
         parse: Callable[[bytes], tuple[str, Any, Any]],
+        holder: str,
     ) -> None:
         self.status_code = 200
+        self._holder = holder  # whose `max_append_streams_per_key` this stream counts against
         self._parse = parse  # one line → (name, encoded payload, data), or a 4xx error
         self.background = None
         self._request = request
@@ -211,7 +205,7 @@ class AppendStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
         try:
-            with stream_slot(state, stream_key(self._request)):
+            with stream_slot(state, self._holder):
                 try:
                     lease = await state.bridge.renew_lease(self._run_id, producer_token=self._token)
                 except GatewayError as exc:  # fenced, ended: a plain 409, nothing streamed

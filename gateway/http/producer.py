@@ -169,7 +169,7 @@ def parse_line(line: bytes, state: GatewayState) -> tuple[str, Any, Any]:
     )
 )
 async def publish_events(request: Request) -> Response:
-    access.producer(request)
+    principal = access.producer(request)
     state = gateway_state(request)
     run_id = _run_id(request)
     token = producer_token(request)
@@ -182,6 +182,8 @@ async def publish_events(request: Request) -> Response:
             token=token,
             seq=seq,
             parse=lambda line: parse_line(line, state),
+            # whose streams these are: the API key however it was presented (open mode: all)
+            holder=principal.share_key or "open",
         )
     body = await read_json_object(request, state.settings.max_body_bytes, allow_empty=False)
     events = parse_events(body, state)

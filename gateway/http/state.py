@@ -25,7 +25,7 @@ class GatewayState:
     sessions_: SessionStore | None = None
     started: bool = field(default=False)
     # open streamed appends per API key (a digest of it), http/append_stream.py
-    append_streams: dict[bytes, int] = field(default_factory=dict)
+    append_streams: dict[str, int] = field(default_factory=dict)  # by API key (share_key)
 
     @property
     def bridge(self) -> StreamBridge:
