@@ -42,6 +42,10 @@ round, rounds in a seeded random order):
 - `eviction`: `CONFIG SET maxmemory` below the memory in use with `maxmemory-policy
   volatile-lru` for 2-4 s (every gateway key has a TTL), then back to 0 / `noeviction`;
 - `pubsub_kill`: `CLIENT KILL TYPE pubsub` (every gateway's notifier connection);
+- `reply_drop`: gw1 reaches Redis through a relay (`tests/fault_relay.py`); its next
+  script (an append, an END, a claim, a read) runs in Redis and its reply is lost: the
+  gateway answers 503 and the producer retries (the case a turn record written after
+  the append would miss; see the turn checks below);
 - `subscriber_disconnect`, `read_disconnect`: counted as the subscribers cut.
 
 After the duration: stop injecting, make sure every process is up, let producers finish
@@ -59,6 +63,14 @@ let subscribers reach their END, then read every run once more from the start. C
   the expected END only after the run's last event, or with an explicit `gap` (counted);
   a silent skip, a repeated id, an END before the last event, a hang or a 404 (unless an
   eviction may have taken the run) is a violation;
+- per turn (every run is a turn of a session): its turn record (read from Redis) equals
+  what its log says: the record's text is the joined `text` of the log's events (of
+  every acknowledged event when the log was removed and written again: the record
+  outlives a removal), its state the END's status; a session's turns carry increasing
+  orders in the order their claims were accepted. Runs an eviction may have touched and
+  sessions retired are skipped (their records may be gone with them). Replies lost to
+  gateway kills and Redis outages (a 5xx after Redis applied the write, then a retry)
+  are what this checks the record against;
 - open responses: a sample where the gateways hold more open SSE responses than the
   client had open connections at any moment of the second before is a violation (a
   response outlived its client by more than 1 s), and once every subscriber is gone the
@@ -94,6 +106,7 @@ import anyio
 import httpx
 import orjson
 
+from tests.fault_relay import FaultRelay
 from tests.proxies import GatewayProcess, Proxy, free_port
 from tests.redis_servers import RedisServer
 from tests.sse_client import Frame, SSEParser
@@ -121,6 +134,7 @@ FAULT_KINDS = (
     "session_retire",
     "eviction",
     "pubsub_kill",
+    "reply_drop",
 )
 COUNTED_KINDS = (*FAULT_KINDS, "subscriber_disconnect", "read_disconnect")
 
@@ -400,7 +414,8 @@ class Workload:
 
     async def _publish(self, client: httpx.AsyncClient, run: Run, seq: int, token: str) -> bool:
         """Append `{"seq": seq}` exactly once (idempotent accounting across 5xx)."""
-        data = {"seq": seq, "by": f"p{run.producer}"}
+        # `text` folds into the run's turn record (checked against the log at the end)
+        data = {"seq": seq, "by": f"p{run.producer}", "text": f"{seq};"}
         body = {"event": "token", "data": data}
         headers = {"X-Producer-Token": token}
         sent_at = time.monotonic()
@@ -908,17 +923,79 @@ def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) ->
     return len(ids)
 
 
-def verify(redis: RedisServer, workload: Workload, violations: Violations) -> tuple[int, int, int]:
-    """Returns (events verified, gaps, gaps on runs never removed)."""
+def verify_turns(
+    records: dict[str, dict[bytes, bytes]],
+    texts: dict[str, bytes],
+    logs: dict[str, list[tuple[str, dict[bytes, bytes]]]],
+    until: dict[str, float | None],
+    workload: Workload,
+    violations: Violations,
+) -> tuple[int, int]:
+    """Every turn record equals what its log says, and a session's turns are in the
+    order their claims were accepted. Returns (records verified, sessions in order)."""
+    retired = {session for session, _ in workload.retired}
+    checked = 0
+    orders: dict[str, list[tuple[int, int, str]]] = {}
+    for run in workload.runs:
+        rid, record = run.run_id, records.get(run.run_id, {})
+        if run.evicted or workload.eviction_touched(run) or run.session_id in retired:
+            continue  # its record may be gone with its keys (or its session)
+        if not record:
+            violations.add(f"turn {rid}: no turn record")
+            continue
+        if record.get(b"session", b"").decode() != run.session_id:
+            violations.add(f"turn {rid}: recorded under another session")
+        number = int(rid.rsplit("-", 1)[1])
+        orders.setdefault(run.session_id, []).append((number, int(record.get(b"order", b"0")), rid))
+        log = logs[rid]
+        ends = [f[b"end"].decode() for _, f in log if b"end" in f]
+        state = record.get(b"state", b"").decode()
+        if until[rid] is None:
+            # the whole log: the record's text is its events' text, its state the END
+            text = "".join(orjson.loads(f[b"d"]).get("text", "") for _, f in log if b"e" in f)
+            if ends and state != ends[0]:
+                violations.add(f"turn {rid}: state {state!r}, the log ended {ends[0]!r}")
+        else:
+            # the log was removed (and written again): the record holds every
+            # acknowledged event (it outlives a removal of the log)
+            text = "".join(orjson.loads(p).get("text", "") for p in run.payloads)
+            if run.ended and state != run.expected_end:
+                violations.add(f"turn {rid}: state {state!r}, expected {run.expected_end!r}")
+        if texts.get(rid, b"").decode() != text:
+            violations.add(
+                f"turn {rid}: record text differs from its log's "
+                f"({len(texts.get(rid, b''))} vs {len(text)} chars)"
+            )
+        checked += 1
+    in_order = 0
+    for session, turns in orders.items():
+        turns.sort()
+        if any(a[1] >= b[1] for a, b in itertools.pairwise(turns)):
+            violations.add(f"session {session}: turns out of claim order {turns}")
+        else:
+            in_order += 1
+    return checked, in_order
+
+
+def verify(
+    redis: RedisServer, workload: Workload, violations: Violations
+) -> tuple[int, int, int, int, int]:
+    """Returns (events verified, gaps, gaps on runs never removed, turn records
+    verified, sessions whose turns are in claim order)."""
     logs: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
+    records: dict[str, dict[bytes, bytes]] = {}
+    texts: dict[str, bytes] = {}
     with redis.client() as c:
         for run in workload.runs:
             key_name = f"{KEY_PREFIX}{{{run.run_id}}}:log"
             logs[run.run_id] = [(i.decode(), f) for i, f in c.xrange(key_name)]
+            records[run.run_id] = c.hgetall(f"{KEY_PREFIX}{{{run.run_id}}}:turn")
+            texts[run.run_id] = c.get(f"{KEY_PREFIX}{{{run.run_id}}}:text") or b""
     runs = {run.run_id: run for run in workload.runs}
     until = {run.run_id: removed_until(run, workload) for run in workload.runs}
     for run in workload.runs:
         verify_run(run, logs[run.run_id], until[run.run_id], violations)
+    turns, sessions = verify_turns(records, texts, logs, until, workload, violations)
 
     verified = gaps = unexplained = 0
     for f in workload.follows:
@@ -940,7 +1017,7 @@ def verify(redis: RedisServer, workload: Workload, violations: Violations) -> tu
                     unexplained += 1
                     print(f"gap on a run never removed: {where}: {segment.terminal_data}")
         verified += count
-    return verified, gaps, unexplained
+    return verified, gaps, unexplained, turns, sessions
 
 
 # ------------------------------------------------------------------------ main thread
@@ -968,14 +1045,33 @@ class Chaos:
         self.violations = Violations()
         self.t0 = time.monotonic()
         self.keys_evicted = self.logs_removed = self.pubsub_killed = 0
+        # gw1 reaches Redis through a relay that loses a script's reply on demand (Redis
+        # ran it, the gateway never learns): `reply_drop`
+        self.relay: FaultRelay | None = None
+        self.relay_ready = threading.Event()
 
     def log(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
 
+    def _serve_relay(self) -> None:
+        async def main() -> None:
+            assert self.relay is not None
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.relay.serve)
+                self.relay_ready.set()
+                await anyio.sleep_forever()
+
+        with contextlib.suppress(Exception):
+            anyio.run(main)
+
     def start(self) -> None:
         self.redis.start()
-        for gw in self.gateways:
-            gw.redis_url = self.redis.url
+        self.relay = FaultRelay(("127.0.0.1", self.redis.port), marker=b"EVALSHA")
+        threading.Thread(target=self._serve_relay, name="relay", daemon=True).start()
+        if not self.relay_ready.wait(10):
+            raise RuntimeError("the reply-dropping relay did not start")
+        for n, gw in enumerate(self.gateways):
+            gw.redis_url = f"redis://127.0.0.1:{self.relay.port}" if n == 0 else self.redis.url
             gw.start()
         self.proxy = Proxy("haproxy", [g.url for g in self.gateways], directory=self.dir / "lb")
         self.proxy.start()
@@ -1036,6 +1132,11 @@ class Chaos:
             workload.faults[kind] += 1
         elif kind == "eviction":
             self.evict(workload)
+        elif kind == "reply_drop":
+            assert self.relay is not None
+            self.relay.armed = True  # gw1's next script: applied, its reply lost
+            self.log(f"reply_drop: gw1's next script reply is lost ({self.relay.cut} so far)")
+            workload.faults[kind] += 1
         elif kind == "pubsub_kill":
             with self.redis.client() as c:
                 killed = c.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
@@ -1171,7 +1272,9 @@ class Chaos:
             if workload.error is not None:
                 raise workload.error
             self.log("settled; verifying against the Redis logs")
-            verified, gaps, unexplained = verify(self.redis, workload, self.violations)
+            verified, gaps, unexplained, turns, sessions = verify(
+                self.redis, workload, self.violations
+            )
         except BaseException:
             workload.abort = True
             workload.die_requests.clear()
@@ -1197,6 +1300,10 @@ class Chaos:
             f"events verified:     {verified} (subscriber-received events checked against "
             f"the log, over {len(workload.follows)} subscriptions)"
         )
+        print(
+            f"turn records:        {turns} equal to their logs (text, END state), "
+            f"{sessions} sessions' turns in claim order"
+        )
         print("faults injected:     " + ", ".join(f"{k} {faults[k]}" for k in COUNTED_KINDS))
         print(
             f"removals:            {sum(len(r.deletes) for r in workload.runs)} runs deleted, "
@@ -1206,6 +1313,8 @@ class Chaos:
             f"{stats['follows_of_evicted_runs']} follows of evicted runs ended 404"
         )
         print(f"pub/sub kills:       {self.pubsub_killed} notifier connections killed")
+        cut = self.relay.cut if self.relay is not None else 0
+        print(f"lost replies:        {cut} script replies lost after Redis ran the script (gw1)")
         print(
             f"open responses:      {workload.samples} samples of {OPEN_GAUGE} "
             f"(max {workload.sample_max} open), each within the client connections of the "

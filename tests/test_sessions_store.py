@@ -589,6 +589,10 @@ async def test_redis_a_claim_between_its_steps_is_waited_for_not_passed(
         assert [t["run_id"] for t in await store.turns_after(s, 1, 10)] == []  # waits
         assert [t["run_id"] for t in await store.list_turns(s)] == [first, later]
         assert await r_.zscore(keys.order, pending) == 2  # not pruned
+        await store.end_turn(s, first, "success", T0 + 3)
+        await store.end_turn(s, later, "success", T0 + 4)
+        with pytest.raises(SessionActive):  # a turn being claimed is about to run
+            await store.delete_session(s, retire=False)
         await r_.hset(keys.meta, f"c:{pending}", "1")  # claimed long ago: it is gone
         assert [t["run_id"] for t in await store.turns_after(s, 1, 10)] == [later]
         assert await r_.zscore(keys.order, pending) is None

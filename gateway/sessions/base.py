@@ -28,9 +28,12 @@ Retire (`retire=True`) removes the turns and writes a durable tombstone that is 
 evicted: any later write for that session id (a late save of an in-flight producer,
 even after a gateway restart) is dropped, and the index and the turns reader exclude the
 id forever. Clear (`retire=False`) removes the turns and keeps the id usable; it raises
-`SessionActive` (409) while a turn of the session is `running`. Parked turns do not
+`SessionActive` (409) while a turn of the session is `running` (on Redis also while one
+is being claimed: its order taken, its record not yet written). Parked turns do not
 block a clear: nothing settles them (the operator answers with a fresh turn), so they
-would block it forever. Clear's check and delete are one atomic step on both backends.
+would block it forever. Clear's check and delete are one decision on both backends
+(memory: one synchronous step; Redis: the delete compares the session's counter with
+the one the check saw, so a claim in between makes it check again).
 """
 
 from __future__ import annotations

@@ -5,8 +5,14 @@ script is single-slot and atomic):
 
     <p>session:{<sid>}:tomb         string  durable tombstone of a retired session (no TTL)
     <p>session:{<sid>}:meta         hash    seq (the last order handed out), last_updated
-                                            (seconds, the newest claim)
+                                            (seconds: the newest claim, state change or
+                                            END), c:<run> (when that claim took its order,
+                                            ms: a young entry with no record is a claim
+                                            between its steps, an old one is gone)
     <p>session:{<sid>}:order        zset    run_id -> the turn's order (session_claim.lua)
+
+The session's keys live at least `stream_ttl + ended_ttl` after its newest claim, and
+without TTL once a turn of it parked (`session_touch.lua`), as long as its records can.
     <p>session:{<sid>}:feed         shard channel (no key): a turn was created, or the
                                             session was retired (what session feeds wait on)
 
@@ -25,9 +31,11 @@ Turn records live in the run's slot (`bridge/keys.py`: `{<run>}:turn`, `{<run>}:
 written by the run's own scripts, so a record never lags its log. The session's keys only
 point at runs: a claim first takes the session's next order (`session_claim.lua`:
 tombstone check, counter, `order` zset), then the run's claim script opens the record
-with it. A crash between the two leaves an index entry with no record, which readers
-skip (as they skip a record whose session is not this one); a record is never ahead of
-its index in a way a reader could see behind its log.
+with it. A crash between the two leaves an index entry with no record: readers wait
+for such an entry while it is young (a feed does not page past it, a clear is refused),
+then take it for gone and prune it, as they prune an entry whose record expired or
+belongs to another session. The record is the truth and is never behind its log; the
+index only says which runs to read.
 
 Before this layout (an upgrade) records lived in the session's slot,
 `session:{<sid>}:turn:<run>` (hash: rev, state, doc), listed in `session:{<sid>}:turns`

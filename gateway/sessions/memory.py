@@ -17,6 +17,7 @@ process (memory holds nothing across a restart).
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import asynccontextmanager
@@ -31,6 +32,8 @@ from . import turns as T
 from .base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from .shaping import shape_input_message
 from .watch import ChangeSignal, TurnSignal
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -104,7 +107,10 @@ class MemorySessionStore:
         turn = self._live_turn(run_id)
         if turn is None:
             return
-        T.fold_encoded(turn.doc, events, now, self._limits)
+        try:
+            T.fold_encoded(turn.doc, events, now, self._limits)
+        except Exception:  # the append is done: as turn_fold.lua's pcall, never undo it
+            log.exception("turn %s: record not updated", run_id)
         # the record follows the run's retention: every write renews it
         turn.expires_at = self._expiry(turn.doc["state"])
 

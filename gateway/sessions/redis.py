@@ -232,8 +232,9 @@ class RedisSessionStore:
 
     async def _turns_of(
         self, session_id: str, want: int, after: int | None = None
-    ) -> tuple[list[dict[str, Any]], str] | None:
-        """The session's turns and its counter; None when retired. `after` None: the
+    ) -> tuple[list[dict[str, Any]], str, bool] | None:
+        """The session's turns, its counter, and whether a claim is between its steps
+        (its order taken, its record not yet written); None when retired. `after` None: the
         newest `want` by order; else up to `want` above `after`, stopping before a claim
         still between its steps (see `turns_after`). Either way oldest first. Entries
         whose record is gone (expired, removed) or belongs to another session are
@@ -250,12 +251,14 @@ class RedisSessionStore:
         records = await self._records([run_id for run_id, _, _ in entries])
         found: list[dict[str, Any]] = []
         stale: list[str] = []
+        claiming = False
         for (run_id, order, claimed), record in zip(entries, records, strict=True):
             if record is not None and record["session_id"] == session_id:
                 found.append(record)
                 continue
             pending = record is None and claimed and now_ms - int(claimed) < PENDING_CLAIM_MS
             if pending:
+                claiming = True
                 if after is not None:
                     break  # the next turn is still being claimed: the page ends here
             else:
@@ -265,7 +268,7 @@ class RedisSessionStore:
         if legacy and after is None:  # records from before the order come first
             found = [*await self._legacy(session_id, want), *found]
         found.sort(key=lambda d: (d["order"], d["created_at"], d["run_id"]))
-        return found[-want:], seq
+        return found[-want:], seq, claiming
 
     async def _legacy(self, session_id: str, want: int) -> list[dict[str, Any]]:
         """The session's records from before this layout (an upgrade), settled from their
@@ -319,13 +322,13 @@ class RedisSessionStore:
                 seen = await self._turns_of(session_id, 1_000_000)
                 if seen is None:
                     return []
-                found, seq = seen
-                for record in found:
-                    if record["state"] == T.RUNNING:
-                        raise SessionActive(
-                            f"session {session_id!r} has a running turn "
-                            f"({record['run_id']!r}); retry after it ends"
-                        )
+                found, seq, claiming = seen
+                running = [r["run_id"] for r in found if r["state"] == T.RUNNING]
+                if running or claiming:  # a turn being claimed is about to run
+                    which = repr(running[0]) if running else "being claimed"
+                    raise SessionActive(
+                        f"session {session_id!r} has a running turn ({which}); retry after it ends"
+                    )
                 reply = await self._script("session_delete", keys.lists, ["clear", seq])
                 if as_text(reply[0]) == "moved":
                     continue  # a claim took an order meanwhile: check again
