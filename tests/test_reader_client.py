@@ -7,7 +7,6 @@ middle change nothing the app sees.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import anyio
@@ -19,24 +18,15 @@ from gateway.http.auth import mint_subscriber_token
 from gateway.reader import Ended, Event, Gap, follow
 from tests import http_server
 from tests.http_server import ProducerClient, RunningServer
-from tests.test_http_langgraph import CuttableProxy
+from tests.test_http_langgraph import CuttableProxy, proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
 gateway_server = http_server.gateway_server
 client = http_server.client
+__all__ = ["proxy"]  # the cuttable proxy fixture, shared with the LangGraph SDK's tests
 
 KEY = "k" * 40
 SECRET = "s" * 64
-
-
-@pytest.fixture
-async def proxy(gateway_server: RunningServer) -> AsyncIterator[CuttableProxy]:
-    port = int(gateway_server.base_url.rsplit(":", 1)[1])
-    proxy = CuttableProxy(port)
-    async with anyio.create_task_group() as tg:
-        await tg.start(proxy.run)
-        yield proxy
-        tg.cancel_scope.cancel()
 
 
 async def collect(base_url: str, run_id: str, **kwargs: object) -> list[object]:
