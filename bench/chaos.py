@@ -23,6 +23,10 @@ Workload (an asyncio thread):
   Redis); then it reconnects with `Last-Event-ID`. After a `gap` it rejoins as the frame
   says (`Last-Event-ID = latest_available_event_id`, from the start when that is null).
   Sometimes a subscriber leaves a run for good (its prefix is still checked).
+- K session followers (2 by default), each following a producer's live session on the
+  session feed (`/v1/sessions/{sid}/stream`) from its running turn, reconnecting with the
+  last frame's id after an exponential hold time, until the session's last turn ended
+  (its producer moved on), it was retired, or a gap.
 - A sampler scrapes every gateway's `gateway_sse_open_subscribers` every 0.25 s.
 
 Faults (the main thread, one at a time, every 1-3 s by default; each kind once per
@@ -71,6 +75,10 @@ let subscribers reach their END, then read every run once more from the start. C
   sessions retired are skipped (their records may be gone with them). Replies lost to
   gateway kills and Redis outages (a 5xx after Redis applied the write, then a retry)
   are what this checks the record against;
+- per session follow: its turns are consecutive claims of the session (none skipped,
+  none out of order, none repeated), and each turn's events are exactly its acknowledged
+  events from the first, in order, with the payloads sent, its `turn_end` only after the
+  last one and with the expected status; a gap only on a run a removal touched;
 - open responses: a sample where the gateways hold more open SSE responses than the
   client had open connections at any moment of the second before is a violation (a
   response outlived its client by more than 1 s), and once every subscriber is gone the
@@ -195,6 +203,17 @@ class Follow:
 
 
 @dataclass
+class SessionFollow:
+    """A follower of one session's feed: every frame it read, across reconnects."""
+
+    session_id: str
+    who: str
+    frames: list[tuple[str, str, bytes]] = field(default_factory=list)  # id, event, data
+    outcome: str = "open"  # "retired" | "gap" | "done" | "unfinished" | "http <code>"
+    connections: int = 0
+
+
+@dataclass
 class Cut:
     """How one subscriber connection ends unless the stream ends first."""
 
@@ -232,6 +251,7 @@ class Workload:
         self.violations = violations
         self.runs: list[Run] = []
         self.follows: list[Follow] = []
+        self.session_follows: list[SessionFollow] = []
         self.stats: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         # Flags set from the main thread (plain attributes: the workload polls them).
@@ -288,6 +308,8 @@ class Workload:
             async with anyio.create_task_group() as subscribers:
                 for i in range(self.args.subscribers):
                     subscribers.start_soon(self.subscriber, i)
+                for i in range(self.args.session_followers):
+                    subscribers.start_soon(self.session_follower, i)
                 async with anyio.create_task_group() as producers:
                     for i in range(self.args.producers):
                         producers.start_soon(self.producer, i)
@@ -594,6 +616,88 @@ class Workload:
                 leave_after = rng.uniform(0.5, 4.0) if rng.random() < 0.1 else None
                 await self.follow(client, rng, follow, leave_after)
                 await self._sleep(rng.uniform(0.0, 0.2))
+
+    async def session_follower(self, index: int) -> None:
+        """Follow producers' sessions on the session feed (`/v1/sessions/{sid}/stream`),
+        from the running turn, reconnecting with the last frame's id after a cut, until
+        the session's last turn ends (its producer moves on), it is retired, or a gap."""
+        rng = random.Random(self.seed * 7000 + index)
+        self.subscribers_running += 1
+        try:
+            async with self._client(keepalive=False) as client:
+                while not self.stop_following:
+                    live = [r for r in list(self.current.values()) if r.ids]
+                    if not live:
+                        await self._sleep(0.1)
+                        continue
+                    run = rng.choice(live)
+                    follow = SessionFollow(run.session_id, f"f{index}")
+                    self.session_follows.append(follow)
+                    await self._follow_session(client, rng, follow)
+        finally:
+            self.subscribers_running -= 1
+
+    async def _follow_session(
+        self, client: httpx.AsyncClient, rng: random.Random, follow: SessionFollow
+    ) -> None:
+        path = f"/v1/sessions/{follow.session_id}/stream"
+        while True:
+            if self.abort or self.follow_abort:
+                follow.outcome = "unfinished"
+                return
+            cursor = follow.frames[-1][0] if follow.frames else None
+            headers = {"Last-Event-ID": cursor} if cursor else {}
+            hold = rng.expovariate(1 / self.args.hold) if self.args.hold else float("inf")
+            with anyio.move_on_after(hold) as scope:
+                self._sse_count(+1)
+                try:
+                    async with client.stream("GET", path, headers=headers) as response:
+                        if response.status_code >= 500:
+                            self.stats["sse_5xx"] += 1
+                            await response.aread()
+                        elif response.status_code == 204:  # after a gap or retirement
+                            return
+                        elif response.status_code != 200:
+                            follow.outcome = f"http {response.status_code}"
+                            return
+                        else:
+                            follow.connections += 1
+                            parser = SSEParser()
+                            async for chunk in response.aiter_raw():
+                                for frame in parser.feed(chunk):
+                                    if self.stop_following and self._between_turns(follow):
+                                        follow.outcome = "done"
+                                        return
+                                    if frame.id is None or frame.event == "unavailable":
+                                        continue  # heartbeats, retry hints, comments
+                                    event = frame.event or "message"
+                                    follow.frames.append((frame.id, event, frame.data))
+                                    if event in ("end", "gap"):
+                                        follow.outcome = "retired" if event == "end" else "gap"
+                                        return
+                                    if event == "turn_end" and self._session_done(frame.id):
+                                        follow.outcome = "done"
+                                        return
+                except httpx.TransportError:
+                    self.stats["sse_drops"] += 1
+                finally:
+                    self._sse_count(-1)
+            if scope.cancelled_caught:
+                self.faults["subscriber_disconnect"] += 1
+            if self.stop_following and self._between_turns(follow):
+                follow.outcome = "done"
+                return
+            await anyio.sleep(0.05)
+
+    @staticmethod
+    def _between_turns(follow: SessionFollow) -> bool:
+        return not follow.frames or follow.frames[-1][1] == "turn_end"
+
+    def _session_done(self, frame_id: str) -> bool:
+        """Whether the turn that just ended was its session's last (its producer opens a
+        new session after RUNS_PER_SESSION runs)."""
+        run_id = frame_id.split("/", 1)[0]
+        return int(run_id.rsplit("-", 1)[1]) % RUNS_PER_SESSION == RUNS_PER_SESSION - 1
 
     def _cut(self, rng: random.Random, hold_mean: float) -> Cut:
         """A hold time (exponential) and, for half of the connections, an earlier cut:
@@ -977,6 +1081,65 @@ def verify_turns(
     return checked, in_order
 
 
+def verify_session_follows(
+    workload: Workload, until: dict[str, float | None], violations: Violations
+) -> tuple[int, int]:
+    """Every session follower's turns are the session's claims in order (consecutive
+    runs of its producer, none skipped), and each turn's events are exactly its
+    acknowledged events from the first, through its END, or end in an explicit gap on a
+    run a removal touched. Returns (follows checked, turns followed)."""
+    runs = {run.run_id: run for run in workload.runs}
+    followed = 0
+    for f in workload.session_follows:
+        where = f"session follow {f.who} of {f.session_id}"
+        if f.outcome.startswith("http") or f.outcome in ("open", "unfinished"):
+            violations.add(f"{where}: {f.outcome} after {len(f.frames)} frames")
+            continue
+        order: list[str] = []
+        events: dict[str, list[tuple[str, bytes]]] = {}
+        ends: dict[str, str] = {}
+        for frame_id, event, data in f.frames:
+            run_id, _, position = frame_id.partition("/")
+            if event == "end":  # retired
+                continue
+            if run_id not in runs:
+                violations.add(f"{where}: a frame of an unknown run {frame_id}")
+                continue
+            if not order or order[-1] != run_id:
+                if run_id in order:
+                    violations.add(f"{where}: turn {run_id} came back after another")
+                order.append(run_id)
+            if event == "turn_end":
+                ends[run_id] = orjson.loads(data).get("status")
+            elif event == "gap":
+                if until[run_id] is None:
+                    violations.add(f"{where}: gap in {run_id}, never removed: {data!r}")
+            elif event != "turn":
+                events.setdefault(run_id, []).append((position, data))
+        for a, b in itertools.pairwise(order):
+            number_a, number_b = (int(r.rsplit("-", 1)[1]) for r in (a, b))
+            if runs[b].session_id != f.session_id or number_b != number_a + 1:
+                violations.add(f"{where}: turn {b} followed {a} (a turn skipped or out of order)")
+        for run_id in order:
+            run, got = runs[run_id], events.get(run_id, [])
+            if len({p for p, _ in got}) != len(got):
+                violations.add(f"{where}: {run_id}: an event repeated")
+                continue
+            if until[run_id] is not None or run.evicted:
+                continue  # a removal changes the log under the reader: gaps checked above
+            if [p for p, _ in got] != run.ids[: len(got)]:
+                violations.add(f"{where}: {run_id}: events are not its first ones in order")
+            elif [d for _, d in got] != run.payloads[: len(got)]:
+                violations.add(f"{where}: {run_id}: payloads differ from what was sent")
+            elif run_id in ends and (len(got) != len(run.ids) or ends[run_id] != run.expected_end):
+                violations.add(
+                    f"{where}: {run_id}: turn_end {ends[run_id]!r} after {len(got)} of "
+                    f"{len(run.ids)} events"
+                )
+        followed += len(order)
+    return len(workload.session_follows), followed
+
+
 def verify(
     redis: RedisServer, workload: Workload, violations: Violations
 ) -> tuple[int, int, int, int, int]:
@@ -996,6 +1159,9 @@ def verify(
     for run in workload.runs:
         verify_run(run, logs[run.run_id], until[run.run_id], violations)
     turns, sessions = verify_turns(records, texts, logs, until, workload, violations)
+    feeds, feed_turns = verify_session_follows(workload, until, violations)
+    workload.stats["session_follows"] = feeds
+    workload.stats["session_follow_turns"] = feed_turns
 
     verified = gaps = unexplained = 0
     for f in workload.follows:
@@ -1304,6 +1470,11 @@ class Chaos:
             f"turn records:        {turns} equal to their logs (text, END state), "
             f"{sessions} sessions' turns in claim order"
         )
+        print(
+            f"session feeds:       {stats['session_follows']} follows of whole sessions, "
+            f"{stats['session_follow_turns']} turns followed (the claims in order, each "
+            "exact or ending in a gap)"
+        )
         print("faults injected:     " + ", ".join(f"{k} {faults[k]}" for k in COUNTED_KINDS))
         print(
             f"removals:            {sum(len(r.deletes) for r in workload.runs)} runs deleted, "
@@ -1346,6 +1517,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--subscribers", type=int, default=8)
+    parser.add_argument(
+        "--session-followers",
+        type=int,
+        default=2,
+        help="followers of whole sessions on the session feed",
+    )
     parser.add_argument(
         "--hold",
         type=float,
