@@ -9,6 +9,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.redis_servers import RedisServer  # noqa: E402
+from tests.support.redis_servers import RedisServer  # noqa: E402
 
 __all__ = ["ROOT", "RedisServer"]

@@ -27,7 +27,7 @@ from _common import RedisServer
 from redis.asyncio import Redis
 
 from gateway import RedisStreamBridge, Settings
-from gateway.bridge.keys import run_keys
+from gateway.redis.keys import run_keys
 from gateway.values import End
 
 RETAINED, MISSED, STORM = 10_000, 200, 100

@@ -6,7 +6,7 @@ every run against its log in Redis.
 Processes (all real, all started here): one `redis-server --appendonly yes --appendfsync
 always`, three `gateway serve` processes (one API key, also the operator's) on fixed
 ports (so a restarted one is the same haproxy backend), haproxy from deploy/haproxy.cfg
-(tests/proxies.py). Everything goes through haproxy except the `/metrics` scrapes.
+(tests/support/proxies.py). Everything goes through haproxy except the `/metrics` scrapes.
 
 Workload (an asyncio thread):
 - N producers, each streaming runs of 20-120 `{"seq", "by"}` events (a few ms apart) and
@@ -46,7 +46,7 @@ round, rounds in a seeded random order):
 - `eviction`: `CONFIG SET maxmemory` below the memory in use with `maxmemory-policy
   volatile-lru` for 2-4 s (every gateway key has a TTL), then back to 0 / `noeviction`;
 - `pubsub_kill`: `CLIENT KILL TYPE pubsub` (every gateway's notifier connection);
-- `reply_drop`: gw1 reaches Redis through a relay (`tests/fault_relay.py`); its next
+- `reply_drop`: gw1 reaches Redis through a relay (`tests/support/fault_relay.py`); its next
   script (an append, an END, a claim, a read) runs in Redis and its reply is lost: the
   gateway answers 503 and the producer retries (the case a turn record written after
   the append would miss; see the turn checks below);
@@ -114,10 +114,10 @@ import anyio
 import httpx
 import orjson
 
-from tests.fault_relay import FaultRelay
-from tests.proxies import GatewayProcess, Proxy, free_port
-from tests.redis_servers import RedisServer
-from tests.sse_client import Frame, SSEParser
+from tests.support.fault_relay import FaultRelay
+from tests.support.proxies import GatewayProcess, Proxy, free_port
+from tests.support.redis_servers import RedisServer
+from tests.support.sse_client import Frame, SSEParser
 
 MAYBE_APPLIED = frozenset({502, 503, 504})  # gateway 503, or haproxy when a backend died
 KEY_PREFIX = "chaos:"

@@ -23,7 +23,7 @@ from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 from gateway import Settings, open_bridge
 from gateway.values import End, StreamEvent
-from tests.redis_servers import RedisCluster, RedisServer
+from tests.support.redis_servers import RedisCluster, RedisServer
 
 COUNTERS = ("cluster_stats_messages_publish_sent", "cluster_stats_messages_publishshard_sent")
 

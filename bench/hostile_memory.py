@@ -23,7 +23,7 @@ from pathlib import Path
 import _common  # noqa: F401  (puts the repository on sys.path)
 import httpx
 
-from tests.test_hostile_clients import (
+from tests.system.test_hostile_clients import (
     CHUNKED_CLAIM,
     CHUNKED_PROBE,
     MB,

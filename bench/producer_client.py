@@ -1,4 +1,4 @@
-"""Producer throughput through the Python client (`gateway.producer.Producer`), token-sized
+"""Producer throughput through the Python client (`gateway.client.producer.Producer`), token-sized
 events, against raw `publish_many` over HTTP and against one request per event.
 
 One gateway process (pinned to CPU 0; memory bridge, then Redis bridge with
@@ -33,7 +33,7 @@ import orjson
 from _common import RedisServer
 from sse_load import free_port, gateway_proc, pin
 
-from gateway.producer import Producer
+from gateway.client.producer import Producer
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}

@@ -22,11 +22,11 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.bridge.redis import RedisStreamBridge  # noqa: E402
+from gateway.redis.bridge import RedisStreamBridge  # noqa: E402
+from gateway.redis.sessions import RedisSessionStore  # noqa: E402
 from gateway.sessions.provider import session_store_for  # noqa: E402
-from gateway.sessions.redis import RedisSessionStore  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
-from tests.redis_servers import RedisServer  # noqa: E402
+from tests.support.redis_servers import RedisServer  # noqa: E402
 
 SESSIONS = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
 PARKED_EVERY = 10  # every 10th session has a parked newest turn

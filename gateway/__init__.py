@@ -7,7 +7,6 @@ settings, the value types a subscription yields, the cursor parser and the error
 from .bridge.base import StreamBridge
 from .bridge.memory import MemoryStreamBridge
 from .bridge.provider import open_bridge
-from .bridge.redis import RedisStreamBridge
 from .cursor import MalformedCursor, parse_cursor, try_parse_cursor
 from .errors import (
     BackendUnavailable,
@@ -23,6 +22,7 @@ from .errors import (
     SequenceRefused,
     StreamEnded,
 )
+from .redis.bridge import RedisStreamBridge
 from .settings import Settings
 from .values import (
     END_STATUSES,

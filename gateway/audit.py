@@ -52,9 +52,9 @@ from typing import Any, Final, Literal
 import redis
 from redis.cluster import RedisCluster
 
-from .bridge.keys import FIELD_END, check_prefix
-from .bridge.redis import CLUSTER_SCHEMES
-from .bridge.replies import as_text
+from .redis.bridge import CLUSTER_SCHEMES
+from .redis.keys import FIELD_END, check_prefix
+from .redis.replies import as_text
 
 SyncClient = redis.Redis | RedisCluster
 Verdict = Literal["safe_now", "safe_after", "not_safe"]

@@ -217,8 +217,8 @@ async def _demo_when_started(
     api_key: str | None,
     pause: float = DEMO_PAUSE_SECONDS,
 ) -> None:
-    from .demo import AuthHint, DemoRequests, run_demo
-    from .http.observe import request_log
+    from .client.demo import AuthHint, DemoRequests, run_demo
+    from .http.edge.observe import request_log
 
     await started.wait()  # only once the port accepts connections
     url = _display_base_url(server, settings)
@@ -302,12 +302,12 @@ async def _serve(
 
     from .bridge.provider import open_bridge
     from .http.app import create_app
-    from .http.server import GatewayServer, server_config
+    from .http.serve.server import GatewayServer, server_config
 
     demo_key: str | None = None
     shown = settings  # what the demo's log lines describe: the gateway as configured
     if demo:
-        from .demo import with_demo_key
+        from .client.demo import with_demo_key
 
         settings, demo_key = with_demo_key(settings)  # the demo is a producer like any other
     async with open_bridge(settings) as bridge:
@@ -316,7 +316,7 @@ async def _serve(
             app,
             settings,
             log_config=None,  # keep the logging configured by gateway.logging
-            access_log=False,  # gateway.http.observe logs one structured line per request
+            access_log=False,  # gateway.http.edge.observe logs one structured line per request
             lifespan="on",
             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         )
@@ -467,7 +467,7 @@ def demo_command(
     """Stream synthetic answers into a running gateway over HTTP."""
     import anyio
 
-    from .demo import run_demo
+    from .client.demo import run_demo
     from .logging import configure_logging
 
     key = next((k.strip() for k in (api_key or "").split(",") if k.strip()), None)
@@ -491,7 +491,7 @@ def token(
 ) -> None:
     """Print a subscriber token (JWT) scoped to runs and/or sessions."""
     from .errors import InvalidInput
-    from .http.auth import mint_subscriber_token
+    from .http.edge.auth import mint_subscriber_token
     from .names import check_run_id, check_session_id
 
     if not runs and not sessions:

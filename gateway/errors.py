@@ -11,7 +11,7 @@ Exception
 │   ├── RunOwned               claim refused: a live lease is held elsewhere
 │   ├── SessionMismatch        claim naming a session the run is not in
 │   ├── StreamEnded            write after END
-│   │   └── RunEndedOnClaim    claim of a run whose log already ends (gateway.http.errors)
+│   │   └── RunEndedOnClaim    claim of a run whose log already ends (gateway.http.edge.errors)
 │   ├── SequenceRefused        a numbered batch that cannot be applied as numbered
 │   │   ├── SequenceGap        it starts past the next expected number (`expected`)
 │   │   └── SequenceConflict   it overlaps applied events but is not the last batch
@@ -25,13 +25,13 @@ Exception
 │   ├── Forbidden              valid credentials that do not cover this run/session
 │   ├── TooManyStreams         a reader at its share of the open streams (gateway.http)
 │   └── RequestRefused         an error answer the producer client has no narrower type
-│                              for (gateway.producer)
+│                              for (gateway.client.producer)
 ├── HttpError                  an HTTP-level problem with its own status and code, such as
-│                              invalid JSON or a missing header (gateway.http.errors)
+│                              invalid JSON or a missing header (gateway.http.edge.errors)
 └── ConfigError                a startup configuration problem: one line, exit code 2 (gateway.cli)
 
 Each class's `code` is the `error` field of its HTTP response body. The HTTP status of a
-`GatewayError` comes from one table, `gateway.http.errors.RULES`, looked up along the
+`GatewayError` comes from one table, `gateway.http.edge.errors.RULES`, looked up along the
 class's MRO, so a new subclass answers like its parent until it gets a row of its own.
 Exceptions private to one module (control flow that never leaves it) are not drawn.
 """

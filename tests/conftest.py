@@ -19,41 +19,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from uuid import uuid4
 
 import pytest
 
-from tests.redis_servers import ExternalRedis, RedisCluster, RedisServer
+from tests.support.redis_servers import ExternalRedis, RedisCluster, RedisServer
 
-# The slow end-to-end modules: real browsers, proxies, worker processes, fault injection,
-# hostile clients, Node clients. `make test-fast` runs everything else (`-m "not system"`);
-# CI runs all. A test that needs the Redis Cluster is a system test wherever it lives.
-SYSTEM_MODULES = frozenset(
-    {
-        "test_chat_app.py",
-        "test_cluster_failover.py",
-        "test_cluster_notifications.py",
-        "test_console_browser.py",
-        "test_console_first_minute.py",
-        "test_cors_browser.py",
-        "test_deploy.py",
-        "test_eviction.py",
-        "test_faults.py",
-        "test_hostile_clients.py",
-        "test_http2_browser.py",
-        "test_js_client.py",
-        "test_readme.py",
-        "test_redis_stall.py",
-        "test_schemathesis.py",
-        "test_sse_clients.py",
-        "test_workers.py",
-    }
-)
+# The slow end-to-end tests live in tests/system/ (real browsers, proxies, worker
+# processes, fault injection, hostile clients, Node clients); a test that needs the Redis
+# Cluster is one wherever it lives. `make test-fast` runs everything else
+# (`-m "not system"`); CI runs all.
+SYSTEM_DIR = Path(__file__).resolve().parent / "system"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in SYSTEM_MODULES or item.get_closest_marker("cluster"):
+        if SYSTEM_DIR in item.path.parents or item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.system)
 
 

@@ -2,7 +2,7 @@
 
 Each fenced block preceded by an `<!-- examples/chat/<file> -->` comment must appear in
 that file as it is (the block's own indentation removed), so the docs cannot drift from
-the app that tests/test_chat_app.py drives in Chromium.
+the app that tests/system/test_chat_app.py drives in Chromium.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import key_slot
 
-from tests.redis_servers import ExternalRedis, RedisCluster, RedisServer
+from tests.support.redis_servers import ExternalRedis, RedisCluster, RedisServer
 
 
 def test_redis_server_ping(redis_server: RedisServer | ExternalRedis) -> None:

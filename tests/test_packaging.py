@@ -54,7 +54,7 @@ def test_wheel_carries_lua_and_installed_copy_loads_it(tmp_path: Path) -> None:
     )
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from gateway.bridge.scripts import _lua_dir, lua_source;"
+        "from gateway.redis.scripts import _lua_dir, lua_source;"
         "print(_lua_dir()); assert 'XADD' in lua_source('publish')"
     )
     out = subprocess.run(

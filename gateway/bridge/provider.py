@@ -11,10 +11,10 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from ..redis.bridge import RedisStreamBridge
 from ..settings import Settings
 from .base import StreamBridge
 from .memory import MemoryStreamBridge
-from .redis import RedisStreamBridge
 
 
 @asynccontextmanager

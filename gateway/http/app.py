@@ -13,7 +13,7 @@ The direct routes (the SSE `GET`s and the producer's append) are dispatched by
 `GatewayApp` itself, doing in one frame what the middleware stack does (a shorter
 suspended call chain per idle stream, less work per appended token; see the class);
 the CORS rules (`cors.py`) sit in front of both paths.
-Call `drain(app)` (or use `gateway.http.server.GatewayServer`)
+Call `drain(app)` (or use `gateway.http.serve.server.GatewayServer`)
 when the server starts shutting down, so SSE responses end cleanly before uvicorn waits
 for connections to close.
 """
@@ -38,30 +38,32 @@ from ..bridge.base import StreamBridge
 from ..bridge.provider import open_bridge
 from ..sessions.provider import session_store_for
 from ..settings import Settings
-from . import (
+from .edge.auth import Authenticator
+from .edge.cors import cors_app
+from .edge.errors import handled_error_response, install_error_handlers
+from .edge.guards import RequestGuard
+from .edge.observe import RequestLogMiddleware, begin_request, lifecycle
+from .edge.routing import DirectRoute
+from .metrics import Metrics
+from .openapi import Operation, Reply, document, document_mount, openapi_document
+from .responses import json_response
+from .routes import (
     langgraph,
     operator,
     ops,
     producer,
     session_feed,
-    sessions_routes,
     subscriber,
     ui_history,
     ui_stream,
 )
-from .auth import Authenticator
-from .connections import subject_stream_limit
-from .cors import cors_app
-from .errors import handled_error_response, install_error_handlers
-from .guards import RequestGuard
-from .liveness import monitor
-from .metrics import Metrics
-from .observe import RequestLogMiddleware, begin_request, lifecycle
-from .openapi import Operation, Reply, document, document_mount, openapi_document
-from .responses import json_response
-from .routing import DirectRoute
+from .routes import (
+    sessions as sessions_routes,
+)
+from .serve.connections import subject_stream_limit
 from .state import GatewayState
-from .subscriptions import SubscriptionRegistry
+from .streaming.liveness import monitor
+from .streaming.subscriptions import SubscriptionRegistry
 
 
 @document(

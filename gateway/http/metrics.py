@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ..values import EndResult
-from .subscriptions import SubscriptionRegistry
+from .streaming.subscriptions import SubscriptionRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

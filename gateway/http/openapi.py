@@ -7,7 +7,7 @@ parameters (`schemas.py`, the same ones it parses with), its headers and its rep
 `openapi_document(routes)` walks the route table (`create_app(...).routes`): every
 route's path and methods become the document's, its path parameters come from the path
 itself, and a route whose endpoint declares nothing is an error, so a route cannot be
-served without being documented (tests/test_openapi.py compares the two).
+served without being documented (tests/http_app/test_openapi.py compares the two).
 
     scripts/gen-api-docs              # rewrite the generated part of docs/api.md
     scripts/gen-api-docs --check      # exit 1 when docs/api.md is out of date

@@ -19,7 +19,7 @@ hand parser's 0.75 us, `EventBatch.parse` of 50 events 100-150 us against 45 us,
 the whole append costs about 9 us of CPU per event). So `producer.py` parses
 `{"event", "data"}` / `{"events": [...]}` by hand, with the field sets taken from
 `Event` and `EventBatch` here (which also give the document), and
-`tests/test_openapi.py` checks that the two accept and refuse the same bodies.
+`tests/http_app/test_openapi.py` checks that the two accept and refuse the same bodies.
 Reply models are declared for the document only: the routes build their replies as
 plain dicts (no validation cost on the way out).
 """
@@ -45,7 +45,7 @@ from ..errors import GatewayError, InvalidInput
 from ..names import ID_PATTERN, check_event_name, check_run_id, check_session_id
 from ..sessions.base import DEFAULT_LIMIT, MAX_LIMIT, parse_flag, parse_limit
 from ..values import EndStatus
-from .bodies import check_seconds, query_seconds_value
+from .edge.bodies import check_seconds, query_seconds_value
 
 ID_SCHEMA: Final[dict[str, Any]] = {"pattern": f"^{ID_PATTERN}$", "maxLength": 128}
 EVENT_NAME_PATTERN: Final = r"^[!-9;-~]{1,64}$"

@@ -10,9 +10,9 @@ from ..bridge.base import StreamBridge
 from ..errors import BridgeClosed
 from ..sessions.base import SessionStore
 from ..settings import Settings
-from .auth import Authenticator
+from .edge.auth import Authenticator
 from .metrics import Metrics
-from .subscriptions import SubscriptionRegistry
+from .streaming.subscriptions import SubscriptionRegistry
 
 
 @dataclass
@@ -24,7 +24,7 @@ class GatewayState:
     bridge_: StreamBridge | None = None
     sessions_: SessionStore | None = None
     started: bool = field(default=False)
-    # open streamed appends per API key (a digest of it), http/append_stream.py
+    # open streamed appends per API key (a digest of it), http/routes/append_stream.py
     append_streams: dict[str, int] = field(default_factory=dict)  # by API key (share_key)
 
     @property

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from ..bridge.base import StreamBridge
 from ..bridge.memory import MemoryStreamBridge
-from ..bridge.redis import RedisStreamBridge
+from ..redis.bridge import RedisStreamBridge
+from ..redis.sessions import RedisSessionStore
 from ..settings import Settings
 from .base import SessionStore
 from .memory import MemorySessionStore
-from .redis import RedisSessionStore
 
 
 def session_store_for(bridge: StreamBridge, settings: Settings) -> SessionStore:

@@ -8,7 +8,7 @@ per session per process, shared by every local feed of that session.
 
 - Memory: `ChangeSignal`, told by `MemorySessionStore` itself (in-process).
 - Redis: the notifier's watch feed of the session's shard channel
-  (`bridge/redis_notifier.py`), SPUBLISHed by the bridge when a claim opens a turn and
+  (`redis/notifier.py`), SPUBLISHed by the bridge when a claim opens a turn and
   by the retire / clear path: no Redis connection and no poll per feed.
 """
 
@@ -49,7 +49,7 @@ class ChangeSignal:
 
     async def wait(self, seconds: float) -> None:
         # asyncio-native, like the run feeds' wait: the feed runs in a bare asyncio task
-        # that is stopped with `Task.cancel()` (http/sse.py).
+        # that is stopped with `Task.cancel()` (http/streaming/sse.py).
         with suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._changed.wait()

@@ -1,0 +1,1 @@
+"""The Python clients of the gateway's HTTP API: the producer, the reader, the demo producer."""

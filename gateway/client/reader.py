@@ -1,0 +1,200 @@
+"""An async reader for one run over HTTP: the producer client's twin.
+
+    async for item in follow("http://127.0.0.1:8000", run_id, token=token):
+        match item:
+            case Event(id=id, event="token", data=data):
+                print(data["text"], end="")
+                cursor = id  # keep it to resume later: follow(..., cursor=cursor)
+            case Gap() as gap:
+                reload_durable_state()  # GET /v1/runs/{id}, the session's turns
+                ...  # then follow again from gap.latest_available_event_id
+            case Ended(status=status):
+                print("\\n", status)
+
+`follow` yields the run's events from `cursor` on (from the start without one), then
+one `Ended` or one `Gap`, and stops. The three are plain values: an app never has to
+tell a finished stream from a broken one by catching exceptions. Wrap it in
+`contextlib.aclosing(...)` when leaving the loop early, so the connection closes at once.
+
+Whatever breaks the connection (a network drop, a gateway that restarts or drains on
+SIGTERM, a 502/503/504 or 429 from it or a proxy, a token that expired while streaming)
+is resumed from the last event it yielded, with `Last-Event-ID`, so the events it yields
+are exactly the log's, each once, in order. A drop costs nothing but a reconnect; after
+`retry_timeout` seconds without a single new frame it raises `BackendUnavailable`.
+
+`token` is a subscriber token or an API key (sent as `Authorization: Bearer`), or a
+callable returning one, which is called again when the gateway answers `token_expired`
+(a stream opened with a token ends when the token expires: the reader reconnects with a
+fresh one and its cursor). Errors that a retry cannot fix are raised as the gateway's
+types (`gateway.errors`): `RunNotFound`, `Unauthorized`, `TokenExpired` (with a fixed
+token), `Forbidden`, `InvalidInput`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import httpx
+import orjson
+from httpx_sse import SSEError, aconnect_sse
+
+from ..errors import BackendUnavailable, InvalidInput, TokenExpired
+from .producer import error_from
+
+__all__ = ["Ended", "Event", "Gap", "follow"]
+
+RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
+# backoff between reconnects: from FIRST_BACKOFF doubling to MAX_BACKOFF, jittered
+FIRST_BACKOFF: Final = 0.1
+MAX_BACKOFF: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event of the run's log; `id` is the cursor to resume after it."""
+
+    id: str
+    event: str
+    data: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """The reader's position is no longer retained: reload durable state, then follow again
+    from `latest_available_event_id` (or from the start when it is None)."""
+
+    requested_event_id: str | None
+    earliest_available_event_id: str | None
+    latest_available_event_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The run's END: `success`, `error`, `cancelled`, `interrupted` or `producer_lost`."""
+
+    status: str
+    error: Any = None
+
+
+Item = Event | Gap | Ended
+Credential = str | Callable[[], str | Awaitable[str]] | None
+
+
+class _Reconnect(Exception):
+    """The stream broke or closed before END or a gap: open it again from the cursor."""
+
+    def __init__(self, wait: float = 0.0) -> None:
+        super().__init__()
+        self.wait = wait
+
+
+async def _credential(token: Credential) -> str | None:
+    if token is None or isinstance(token, str):
+        return token
+    value = token()
+    return await value if inspect.isawaitable(value) else value
+
+
+def _retry_after(response: httpx.Response) -> float:
+    value = response.headers.get("retry-after", "").strip()
+    # ASCII digits only: str.isdigit() also takes other scripts' digits, which float() refuses
+    if value and value.isascii() and value.isdigit():
+        return min(float(value), MAX_BACKOFF)
+    return 0.0
+
+
+def _item(name: str, data: str, event_id: str) -> Item | None:
+    """The value a frame stands for (None for one that carries nothing for the app)."""
+    payload = orjson.loads(data) if data else None
+    if name == "end":
+        body = payload if isinstance(payload, dict) else {}
+        return Ended(str(body.get("status", "")), body.get("error"))
+    if name == "gap":
+        body = payload if isinstance(payload, dict) else {}
+        return Gap(
+            body.get("requested_event_id"),
+            body.get("earliest_available_event_id"),
+            body.get("latest_available_event_id"),
+            str(body.get("reason", "")),
+        )
+    if not event_id:
+        return None
+    return Event(event_id, name, payload)
+
+
+async def follow(
+    base_url: str,
+    run_id: str,
+    *,
+    cursor: str | None = None,
+    token: Credential = None,
+    client: httpx.AsyncClient | None = None,
+    retry_timeout: float = 60.0,
+    connect_timeout: float = 10.0,
+) -> AsyncIterator[Item]:
+    """The run's events after `cursor`, then `Ended` or `Gap` (see the module docstring)."""
+    owned = client is None
+    http = client or httpx.AsyncClient(timeout=httpx.Timeout(connect_timeout, read=None))
+    url = f"{base_url.rstrip('/')}/v1/runs/{run_id}/stream"
+    backoff = FIRST_BACKOFF
+    deadline = anyio.current_time() + retry_timeout
+    refreshed = False  # a fresh token was fetched for the current attempt
+    try:
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            credential = await _credential(token)
+            if credential:
+                headers["Authorization"] = f"Bearer {credential}"
+            if cursor is not None:
+                headers["Last-Event-ID"] = cursor
+            try:
+                async with aconnect_sse(http, "GET", url, headers=headers) as source:
+                    response = source.response
+                    if response.status_code == 204:  # nothing more for this cursor
+                        return
+                    if response.status_code in RETRY_STATUSES:
+                        raise _Reconnect(_retry_after(response))
+                    if response.status_code != 200:
+                        await response.aread()
+                        error = error_from(response)
+                        if isinstance(error, TokenExpired) and callable(token) and not refreshed:
+                            refreshed = True
+                            continue
+                        raise error
+                    refreshed = False
+                    async for frame in source.aiter_sse():
+                        item = _item(frame.event, frame.data, frame.id)
+                        if item is None:
+                            continue
+                        backoff = FIRST_BACKOFF  # progress: the budget starts again
+                        deadline = anyio.current_time() + retry_timeout
+                        yield item
+                        if isinstance(item, Event):
+                            cursor = item.id
+                        else:
+                            return
+                    raise _Reconnect()  # closed without END or gap: drain, token expiry
+            except _Reconnect as again:
+                wait = again.wait
+            except (httpx.TransportError, SSEError):
+                wait = 0.0
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInput(f"the gateway sent a frame that is not JSON: {exc}") from exc
+            now = anyio.current_time()
+            if now >= deadline:
+                raise BackendUnavailable(
+                    f"no frame from the gateway for {retry_timeout:g} s of reconnecting"
+                )
+            delay = max(wait, backoff * (0.5 + random.random() / 2))
+            backoff = min(backoff * 2, MAX_BACKOFF)
+            await anyio.sleep(min(delay, max(0.0, deadline - now)))
+    finally:
+        if owned:
+            with anyio.CancelScope(shield=True):
+                await http.aclose()

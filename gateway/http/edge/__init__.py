@@ -1,0 +1,2 @@
+"""What every request passes first: guards, CORS, auth and access, bounded bodies, request
+logs, the short-path routing, the one error boundary."""

@@ -1,0 +1,1 @@
+"""The route modules: each holds its endpoints and its route table."""

@@ -1,0 +1,300 @@
+"""Subscriber routes: run status, the SSE stream, `/wait` for END, and cancel requests.
+
+Readers authenticate first (401 before anything about a run is revealed), then the run
+is looked up (404 unknown, 403 when the credentials do not cover it).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any, Final
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ...bridge.base import close_subscription
+from ...cursor import MalformedCursor, parse_cursor
+from ...errors import BridgeClosed, Forbidden, GatewayError, RunNotFound
+from ...names import check_run_id
+from ...values import End, RunInfo, StreamEvent, StreamGap
+from ..edge import access
+from ..edge.auth import Principal
+from ..edge.bodies import require_json
+from ..edge.routing import SSERoute
+from ..openapi import (
+    LAST_EVENT_ID,
+    READER_ERRORS,
+    SSE,
+    STREAM_ERRORS,
+    TERMINAL_CURSOR,
+    Operation,
+    Reply,
+    document,
+)
+from ..responses import json_response
+from ..schemas import (
+    CancelAccepted,
+    CancelRequest,
+    Run,
+    StreamQuery,
+    WaitDone,
+    WaitQuery,
+    WaitRunning,
+)
+from ..state import GatewayState, gateway_state
+from ..streaming.frames import RUN, TERMINAL_CURSORS, Framing
+from ..streaming.sse import ResumeStart, SSEResponse
+
+DEFAULT_WAIT_SECONDS: Final = 30.0
+MAX_WAIT_SECONDS: Final = 300.0
+
+
+async def lookup(state: GatewayState, principal: Principal, run_id: str) -> RunInfo:
+    """The run record, if the reader may see it: 404 unknown, 403 not covered."""
+    info = await state.bridge.get_run(run_id)
+    if info is None:
+        if principal.may_read_run(run_id, None):
+            raise RunNotFound(f"run {run_id} not found")
+        raise Forbidden("this token does not grant access to this run")
+    access.reader_of(principal, info)
+    return info
+
+
+def run_json(info: RunInfo) -> dict[str, Any]:
+    return {
+        "run_id": info.run_id,
+        "session_id": info.session_id,
+        "status": info.status,
+        "created_at": info.created_at,
+        "updated_at": info.updated_at,
+        "first_event_id": info.first_event_id,
+        "last_event_id": info.last_event_id,
+        "retained_events": info.retained_events,
+        "cancel_requested": info.cancel_requested,
+        "error": info.error,
+    }
+
+
+def cursor_of(request: Request) -> str | None:
+    """The reconnect cursor: `Last-Event-ID` header, else the `last_event_id` parameter."""
+    header = request.headers.get("last-event-id")
+    if header is not None:
+        return header
+    return request.query_params.get("last_event_id")
+
+
+def sse_response(
+    request: Request,
+    state: GatewayState,
+    info: RunInfo,
+    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+    framing: Framing = RUN,
+    expires_at: float | None = None,
+) -> Response:
+    """The SSE response for a run the reader may see (docs/protocol.md §4).
+
+    A cursor that is a terminal frame's id (`end`, `gap`) comes from a client that
+    reconnected only because the response ended after that frame: 204, which tells a
+    WHATWG `EventSource` to stop reconnecting. It has already seen the frame.
+    `expires_at` (unix seconds): the reader's token expires then, and the response ends
+    cleanly at that moment so the client reconnects with a fresh token and its cursor.
+    """
+    cursor = cursor_of(request)
+    if cursor in TERMINAL_CURSORS:
+        return Response(status_code=204)
+    common: dict[str, Any] = {
+        "run_id": info.run_id,
+        "registry": state.subscriptions,
+        "extra_headers": extra_headers,
+        "metrics": state.metrics,
+        "send_timeout": state.settings.sse_send_timeout_seconds,
+        "framing": framing,
+        "resume": _resume_start(cursor),
+    }
+    if info.ended and not info.log_exists and common["resume"] != "cursor":
+        # The log is gone and the record knows how it ended. A valid cursor goes to the
+        # bridge instead: one before the run's last event missed events (a gap).
+        frame = framing.end(End(info.status, info.error))  # type: ignore[arg-type]
+        return SSEResponse(subscribe=None, final_frame=frame, **common)
+    bridge = state.bridge
+    return SSEResponse(
+        subscribe=functools.partial(bridge.subscribe_batches, info.run_id, cursor),
+        expires_at=expires_at,
+        **common,
+    )
+
+
+def _resume_start(cursor: str | None) -> ResumeStart:
+    """How the reader starts, for `gateway_sse_resumes_total` (docs/operations.md)."""
+    if cursor is None:
+        return "from_start"
+    try:
+        parse_cursor(cursor)
+    except MalformedCursor:
+        return "malformed_cursor"
+    return "cursor"
+
+
+@document(Operation("The run record", "subscriber", {200: Reply("The run", Run)}, READER_ERRORS))
+async def get_run(request: Request) -> Response:
+    principal = access.subscriber(request)
+    state = gateway_state(request)
+    info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
+    return json_response(run_json(info))
+
+
+@document(
+    Operation(
+        "Follow the run as Server-Sent Events",
+        "subscriber",
+        {200: SSE, 204: TERMINAL_CURSOR},
+        STREAM_ERRORS,
+        query=StreamQuery,
+        headers=(LAST_EVENT_ID,),
+    )
+)
+async def stream_run(request: Request) -> Response:
+    principal = access.subscriber(request)
+    state = gateway_state(request)
+    info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
+    return sse_response(request, state, info, expires_at=principal.expires_at)
+
+
+@document(
+    Operation(
+        "Ask the producer to stop (seen in its next write or lease reply)",
+        "subscriber",
+        {202: Reply("Cancel requested", CancelAccepted)},
+        (*READER_ERRORS, 415),
+        body=CancelRequest,
+    )
+)
+async def cancel_run(request: Request) -> Response:
+    principal = access.subscriber(request)
+    require_json(request)  # no body, but never a request a web page may send unasked
+    state = gateway_state(request)
+    info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
+    if not await state.bridge.request_cancel(info.run_id):
+        raise RunNotFound(f"run {info.run_id} not found")
+    return json_response({"run_id": info.run_id, "cancel_requested": True}, 202)
+
+
+# ---------------------------------------------------------------------------------- /wait
+
+
+async def _until_end(state: GatewayState, info: RunInfo) -> RunInfo:
+    """Follow the run until END; the refreshed record of the ended run.
+
+    After a gap the record is refreshed: an ended run whose log is
+    gone completes; otherwise the wait resumes from the newest retained id.
+    """
+    bridge = state.bridge
+    run_id = info.run_id
+    cursor = info.last_event_id
+    misses = 0
+    while True:
+        if info.ended and not info.log_exists:
+            return info
+        gap: StreamGap | None = None
+        items = bridge.subscribe(run_id, cursor)
+        try:
+            async for item in items:
+                if isinstance(item, StreamEvent):
+                    cursor = item.id
+                    misses = 0
+                elif isinstance(item, End):
+                    fresh = await bridge.get_run(run_id)
+                    if fresh is not None and fresh.ended:
+                        return fresh
+                    return _ended(info, item, cursor)
+                elif isinstance(item, StreamGap):
+                    gap = item
+                    break
+        finally:
+            await close_subscription(items)
+        if gap is not None and gap.reason == "bridge_closed":
+            raise BridgeClosed("the stream bridge closed")
+        fresh = await bridge.get_run(run_id)
+        if fresh is None:
+            raise RunNotFound(f"run {run_id} not found")
+        info, cursor = fresh, fresh.last_event_id
+        if info.ended and info.log_exists:
+            continue  # the retained log ends: the next subscription reaches END at once
+        misses += 1
+        await anyio.sleep(min(state.settings.heartbeat_interval_seconds, 0.05 * 2**misses))
+
+
+def _ended(info: RunInfo, end: End, cursor: str | None) -> RunInfo:
+    return replace(info, status=end.status, error=end.error, last_event_id=cursor)
+
+
+@document(
+    Operation(
+        "Block until the run's END, or until the timeout",
+        "subscriber",
+        {
+            200: Reply("The run ended", WaitDone),
+            202: Reply("Still running at the timeout (or the gateway drains)", WaitRunning),
+        },
+        STREAM_ERRORS,
+        query=WaitQuery,
+    )
+)
+async def wait_run(request: Request) -> Response:
+    principal = access.subscriber(request)
+    state = gateway_state(request)
+    run_id = check_run_id(request.path_params["run_id"])
+    timeout = min(WaitQuery.parse(request.query_params).timeout, MAX_WAIT_SECONDS)
+    info = await lookup(state, principal, run_id)
+    if info.ended:
+        return json_response({"status": info.status, "last_event_id": info.last_event_id})
+    outcome: list[RunInfo] = []
+    failure: list[GatewayError] = []
+
+    async def follow(scope: anyio.CancelScope) -> None:
+        try:
+            outcome.append(await _until_end(state, info))
+        except GatewayError as exc:  # re-raised below, outside the task group
+            failure.append(exc)
+        scope.cancel()
+
+    async def watch_disconnect_or_drain(scope: anyio.CancelScope) -> None:
+        async with anyio.create_task_group() as inner:
+            inner.start_soon(_disconnected, request, inner.cancel_scope)
+            await state.subscriptions.wait_draining()
+            inner.cancel_scope.cancel()
+        scope.cancel()
+
+    state.subscriptions.admit(principal.share_key)  # 429 at its share; tracked at once
+    with (
+        state.subscriptions.track(run_id, "wait", principal.share_key),
+        anyio.move_on_after(timeout),
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow, tg.cancel_scope)
+            tg.start_soon(watch_disconnect_or_drain, tg.cancel_scope)
+    if failure:
+        raise failure[0]
+    if not outcome:
+        return json_response({"status": "running"}, 202)
+    done = outcome[0]
+    return json_response({"status": done.status, "last_event_id": done.last_event_id})
+
+
+async def _disconnected(request: Request, scope: anyio.CancelScope) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+routes: Final = [
+    Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
+    SSERoute("/v1/runs/{run_id}/stream", stream_run),
+    Route("/v1/runs/{run_id}/wait", wait_run, methods=["GET"]),
+    Route("/v1/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
+]

@@ -1,0 +1,951 @@
+"""The Redis Streams backend: many gateway processes share one Redis (or Redis Cluster).
+
+Each run is a stream (the log) and a hash (the run record), tagged into one cluster slot
+(see `keys.py`). Every write is one Lua script (see `lua/`) so the producer-token check,
+END detection and the append cannot interleave with another writer. Readers use
+`read.lua` to read entries together with the exact trim boundary, and a blocking
+`XREAD` only as a wake-up signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
+
+import anyio
+import orjson
+from anyio.abc import TaskGroup
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+
+from ..bridge import rules
+from ..bridge.base import one_by_one
+from ..bridge.deadlines import CallDeadlines
+from ..cursor import EventKey, format_key, key_of, parse_cursor
+from ..errors import (
+    BackendUnavailable,
+    BridgeClosed,
+    GatewayError,
+    InvalidInput,
+    ProducerFenced,
+    RunOwned,
+    SequenceGap,
+    SessionMismatch,
+    StreamEnded,
+)
+from ..names import check_end_status, check_run_id, check_session_id
+from ..sequence import check_seq, sequence_conflict
+from ..sessions.shaping import shape_input_message
+from ..sessions.turns import PARKED_STATES, moves_state
+from ..settings import Settings
+from ..values import (
+    HEARTBEAT,
+    Claim,
+    End,
+    EndResult,
+    EndStatus,
+    LeaseState,
+    PublishResult,
+    RunInfo,
+    StreamEvent,
+    StreamGap,
+    StreamItem,
+    encode_json,
+)
+from .codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
+from .fanout import RunFeed
+from .keys import RunKeys, check_prefix, run_keys
+from .notifier import Notifier, OneServer, Router
+from .replies import as_text, ceil_ms
+from .scripts import ensure_loaded, lua_source
+from .session_keys import index_keys, session_keys
+from .turns import Held, Turns
+from .wire import CheckedPool, PackedConnection, pack
+
+log = logging.getLogger(__name__)
+
+RedisClient = Redis | RedisCluster
+T = TypeVar("T")
+
+READ_BATCH: Final = 512
+# Notifications carry the appended events up to this size (larger ones make readers
+# read the log), so a gateway following a run delivers without a read per change.
+PUSH_BYTES: Final = 64 * 1024
+# A log may exceed its limit by limit/this many events before it is trimmed (exactly):
+# most publishes then skip the trim's commands. Logs under this many events trim at once.
+TRIM_SLACK_DIVISOR: Final = 64
+CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+_BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+# Replies meaning the server refused the command without running it (a cluster in
+# failover, a slot being moved): a write may be re-sent after these, and only these.
+_REFUSED_ERRORS: Final = (
+    redis_errors.BusyLoadingError,  # still loading its AOF/RDB after a restart
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
+    redis_errors.TryAgainError,
+)
+# Bridge-level retries of one operation (and the first backoff, doubled each time).
+RETRIES: Final = 4
+RETRY_BACKOFF: Final = 0.05
+
+
+def _unavailable(what: str, exc: BaseException) -> BackendUnavailable:
+    log.info("%s: %s", what, exc)  # the details (with the address) stay in the log
+    return BackendUnavailable(f"{what} ({type(exc).__name__})")
+
+
+def _no_retry() -> Retry:
+    return Retry(NoBackoff(), 0)
+
+
+def _connect(settings: Settings) -> RedisClient:
+    """The command client, with redis-py's own retries switched off.
+
+    redis-py (8.x) re-sends a command up to 10 times on a ConnectionError/TimeoutError,
+    also when the command may already have run (the reply was lost): for a publish
+    script that is a silently duplicated event. So redis-py never retries here; the
+    bridge does (`_call`): reads on any backend error, writes only on replies that say
+    the server refused the command without running it (CLUSTERDOWN, TRYAGAIN, an
+    uncovered slot). Any other failure of a write reaches the caller as
+    BackendUnavailable (HTTP 503): the write may or may not have been applied, and the
+    producer can find out from the run's `last_event_id`. MOVED/ASK redirections are
+    followed by the cluster client itself (the command was not run where it was refused).
+
+    Timeouts: connecting is bounded by `redis_connect_timeout_seconds`; every bridge
+    operation by `redis_command_timeout_seconds` (`_attempts`, with a `CallDeadline`).
+    redis-py's own socket timeout stays off: it wraps each send in `asyncio.wait_for`,
+    which on Python 3.11 can drop a cancellation that arrives as the send completes, and
+    a response whose client went away must always be stoppable.
+    """
+    url = settings.redis_url
+    assert url is not None
+    timeouts: dict[str, Any] = {
+        "socket_timeout": None,
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+    }
+    scheme, sep, rest = url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        return RedisCluster.from_url(
+            f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}",
+            max_connections=settings.redis_max_connections,
+            retry=_no_retry(),
+            **timeouts,
+        )
+    # A plain pool, never waited on: every caller takes a turn first (`turns`: the
+    # bridge's calls and the session store's), and there are as many turns as
+    # connections, so a caller with its turn always finds one free. (redis-py's blocking
+    # pool would add a condition and a timer to every command.) It checks every
+    # connection it hands out; plain TCP connections pack with hiredis.
+    pool = CheckedPool.from_url(
+        url,
+        max_connections=settings.redis_max_connections,
+        connection_class=PackedConnection,  # rediss:// and unix:// keep redis-py's own
+        retry=_no_retry(),
+        **timeouts,
+    )
+    return Redis(connection_pool=pool)
+
+
+def _notification_router(commands: RedisClient, settings: Settings) -> Router:
+    """Where the notifier listens: the server itself, or each channel's slot owner."""
+    url = settings.redis_url
+    assert url is not None
+    # It waits for messages indefinitely by design; only connecting is bounded. redis-py's
+    # own reconnect-and-resubscribe is off: the notifier reconnects itself, so that it
+    # knows to subscribe every live feed and to mark them stale (notifications may have
+    # been lost meanwhile).
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+        "retry": _no_retry(),
+    }
+    if isinstance(commands, Redis):
+        return OneServer(lambda: Redis.from_url(url, **options))
+    return _ClusterRouter(commands, url, options)
+
+
+class _ClusterRouter:
+    """Shard channels of a Redis Cluster: located with the command client's slot map (a
+    node that no longer owns a slot answers MOVED; one that cannot be reached makes the
+    notifier `refresh` the map from the other nodes)."""
+
+    def __init__(self, commands: RedisCluster, url: str, options: dict[str, Any]) -> None:
+        scheme, _, rest = url.partition("://")
+        self._commands = commands
+        self._parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+        self._userinfo = self._parts.netloc.rpartition("@")[0]
+        self._options = options
+
+    def locate(self, channel: str) -> str:
+        try:
+            node = self._commands.get_node_from_key(channel)
+        except redis_errors.SlotNotCoveredError:
+            node = None  # mid-failover: any node redirects to the owner once there is one
+        return (node or self._commands.get_default_node()).name
+
+    async def refresh(self) -> None:
+        # The slot map the command client shares (it does not always re-learn it by
+        # itself after a primary died, with its retries off).
+        await self._commands.nodes_manager.initialize()
+
+    def connect(self, node: str) -> Redis:
+        netloc = f"{self._userinfo}@{node}" if self._userinfo else node
+        address = self._parts._replace(netloc=netloc, query="").geturl()
+        return Redis.from_url(address, **self._options)
+
+
+class RedisStreamBridge:
+    """StreamBridge on Redis Streams.
+
+    Use it as an async context manager (`open_bridge` does): it owns the task that
+    listens for change notifications.
+    """
+
+    def __init__(self, settings: Settings, commands: RedisClient) -> None:
+        self._settings = settings
+        self._prefix = check_prefix(settings.redis_key_prefix)
+        self._redis = commands
+        self._closed = False
+        self._deadlines = CallDeadlines(settings.redis_command_timeout_seconds)
+        self._ttl_ms = ceil_ms(settings.stream_ttl_seconds)  # the run keys' rolling TTL
+        # Turns at the pool (see `turns`); the command timeout starts once the
+        # caller has its turn. On one server, scripts keep connections between turns.
+        self._turns = Turns(
+            settings.redis_max_connections,
+            None if isinstance(commands, RedisCluster) else commands.connection_pool,
+        )
+        self._scripts: dict[str, AsyncScript] = {
+            name: commands.register_script(lua_source(name))
+            for name in (
+                "claim",
+                "publish",
+                "publish_end",
+                "renew_lease",
+                "read",
+                "cancel",
+                "cleanup_later",
+                "session_claim",
+                "session_index",
+                "session_touch",
+            )
+        }
+        # Plain counters for the HTTP layer's metrics (the bridge imports no metrics code).
+        self.notifier_reconnects = 0
+        self._notifier = Notifier(
+            _notification_router(commands, settings),
+            # Never more than retention: whatever a reader takes from the window is
+            # still in the log, so a reader lagging past retention gets its gap here
+            # as on every other gateway (the window keeps up to a quarter more).
+            min(settings.fanout_window_events, max(1, settings.max_events_per_run * 4 // 5)),
+            on_reconnect=self._count_notifier_reconnect,
+        )
+        self._task_group: TaskGroup | None = None
+
+    @property
+    def client(self) -> RedisClient:
+        """The command client, for stores that live beside the runs (sessions)."""
+        return self._redis
+
+    @property
+    def turns(self) -> Turns:
+        """Turns at the connection pool, for stores that share the command client."""
+        return self._turns
+
+    async def command(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run one read or idempotent operation of a store that lives beside the runs
+        (sessions) on the bridge's call boundary: a turn at the pool, the command
+        deadline, its retries and its error mapping (never the server's address)."""
+        return await self._call(operation)
+
+    @property
+    def notifier(self) -> Notifier:
+        """The process's change notifications, for stores that signal through them too."""
+        return self._notifier
+
+    @classmethod
+    def connect(cls, settings: Settings) -> RedisStreamBridge:
+        return cls(settings, _connect(settings))
+
+    async def __aenter__(self) -> RedisStreamBridge:
+        if isinstance(self._redis, RedisCluster):
+            try:
+                await self._redis.initialize()  # learn the nodes before picking one to listen to
+            except (*_BACKEND_ERRORS, redis_errors.RedisError) as exc:
+                raise _unavailable("Redis Cluster is unavailable", exc) from exc
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        await self._task_group.start(self._notifier.run)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.close()
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
+            await self._task_group.__aexit__(None, None, None)
+            self._task_group = None
+
+    def _count_notifier_reconnect(self) -> None:
+        self.notifier_reconnects += 1
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _keys(self, run_id: str) -> RunKeys:
+        return run_keys(self._prefix, check_run_id(run_id))
+
+    async def _call(self, operation: Callable[[], Awaitable[T]], *, resend: bool = True) -> T:
+        """Run one operation of the client in a turn at the pool (see `_attempts`)."""
+        async with self._turns:
+            return await self._attempts(operation, resend)
+
+    async def _attempts(self, operation: Callable[[], Awaitable[T]], resend: bool) -> T:
+        """Run one Redis operation, retried a few times; with `resend=False` only after a
+        refusal (the operation did not run), never after a connection failure.
+
+        The whole call, retries included, is bounded by `redis_command_timeout_seconds`.
+        Errors name what failed, never the server's address (readers see them).
+        """
+        attempt = 0
+        try:
+            with self._deadlines.start():
+                while True:
+                    if self._closed:
+                        raise BridgeClosed("the bridge is closed")
+                    try:
+                        return await operation()
+                    except _REFUSED_ERRORS as exc:
+                        if attempt >= RETRIES:
+                            raise _unavailable("Redis refused the command", exc) from exc
+                    except _BACKEND_ERRORS as exc:
+                        if not resend or attempt >= RETRIES:
+                            raise _unavailable("Redis is unavailable", exc) from exc
+                    except redis_errors.RedisError as exc:
+                        if self._closed:
+                            raise BridgeClosed("the bridge is closed") from exc
+                        raise _unavailable("Redis error", exc) from exc
+                    await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
+                    attempt += 1
+        except TimeoutError as exc:
+            if self._closed:
+                raise BridgeClosed("the bridge is closed") from exc
+            seconds = self._settings.redis_command_timeout_seconds
+            raise BackendUnavailable(f"Redis did not answer within {seconds:g} s") from exc
+
+    async def _script(
+        self,
+        name: str,
+        keys: Sequence[str],
+        *args: bytes | str | int,
+        resend: bool = False,
+    ) -> Any:
+        """Run one of the bridge's scripts. A write is never re-sent after it may have
+        run (`resend=False`, see `_connect`)."""
+        script = self._scripts[name]
+        if not self._turns.keeps_connections:  # a cluster: its client routes the script
+            return await self._call(lambda: script(keys=list(keys), args=list(args)), resend=resend)
+
+        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+
+        async def run(held: Held) -> Any:
+            try:
+                return await held.execute(command)
+            except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
+                await held.execute(pack("SCRIPT", "LOAD", script.script))
+                return await held.execute(command)
+
+        async with self._turns.connection() as held:
+            return await self._attempts(lambda: run(held), resend)
+
+    def _lease_ms(self, lease_seconds: float | None) -> int:
+        seconds = self._settings.lease_seconds if lease_seconds is None else lease_seconds
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise InvalidInput("lease_seconds must be a positive number")
+        return ceil_ms(min(seconds, self._settings.max_lease_seconds))
+
+    # -- producer side ----------------------------------------------------------
+
+    async def claim(
+        self,
+        run_id: str,
+        *,
+        session_id: str | None = None,
+        lease_seconds: float | None = None,
+        takeover: bool = False,
+        input_message: Any = None,
+    ) -> Claim:
+        keys = self._keys(run_id)
+        order, shaped, opened, stamp = "", b"", False, ""
+        if session_id is not None:
+            # A session's turn order is the session's counter (its own slot, so a step of
+            # its own, before the run's claim; see redis/session_keys.py for why that order).
+            turn = await self._script(
+                "session_claim",
+                session_keys(self._prefix, check_session_id(session_id)).lists,
+                run_id,
+                self._ttl_ms + ceil_ms(self._settings.ended_ttl_seconds),
+                resend=True,  # idempotent per run
+            )
+            if as_text(turn[0]) == "ok":
+                order, opened, stamp = str(int(turn[1])), turn[2] == 1, as_text(turn[3])
+                message = shape_input_message(input_message)
+                shaped = b"" if message is None else encode_json(message)
+        token = secrets.token_urlsafe(18)
+        reply = await self._script(
+            "claim",
+            keys.writes,
+            token,
+            self._lease_ms(lease_seconds),
+            "1" if takeover else "0",
+            session_id or "",
+            self._ttl_ms,
+            order,
+            shaped,
+        )
+        outcome = as_text(reply[0])
+        if outcome == "owned":
+            raise RunOwned(f"run {run_id} has a live producer lease")
+        if outcome == "ended":
+            raise StreamEnded(f"run {run_id} has ended ({as_text(reply[1])})")
+        if outcome == "session":
+            raise SessionMismatch.of(run_id, as_text(reply[1]) or None)
+        session = as_text(reply[3]) or None
+        if opened and session is not None:
+            await self._turn_opened(session, stamp)
+        return Claim(
+            run_id=run_id,
+            session_id=session,
+            token=token,
+            epoch=int(reply[1]),
+            lease_expires_at=int(reply[2]) / 1000,
+        )
+
+    async def _turn_opened(self, session_id: str, stamp: str) -> None:
+        """After a claim opened a turn: wake the session's feeds and put the session on
+        top of the session index (at the claim's time, Redis's clock). Both are hints
+        readers verify (a feed also re-reads on its heartbeat), so a failure here is
+        logged, never the claim's."""
+        session = session_keys(self._prefix, session_id)
+        try:
+            await self._call(lambda: self._redis.spublish(session.feed, b""))
+            await self._touch_index(session_id, stamp, parked=False)
+        except GatewayError as exc:
+            log.warning("session %s: new turn not announced: %s", session_id, exc)
+
+    async def _turn_moved(self, session_id: str, run_id: str) -> None:
+        """After a write that may have moved a turn's state (parked, unparked, ended; the
+        record itself moved in the write's own step): the session's hints follow it (its
+        activity time, the parked listing, no TTL while parked). Logged on failure."""
+        keys = self._keys(run_id)
+        try:
+            state, updated, owner = await self._call(
+                lambda: self._redis.hmget(keys.turn, ["state", "updated", "session"])
+            )
+            if state is None or owner is None or as_text(owner) != session_id:
+                return
+            stamp = f"{int(as_text(updated or b'0')) / 1000:.6f}"
+            parked = as_text(state) in PARKED_STATES
+            session = session_keys(self._prefix, session_id)
+            noted = await self._script(
+                "session_touch", session.lists, stamp, "1" if parked else "0", resend=True
+            )
+            if noted == 1:
+                await self._touch_index(session_id, stamp, parked=parked)
+        except GatewayError as exc:
+            log.warning("session %s: turn %s state not noted: %s", session_id, run_id, exc)
+
+    async def _touch_index(self, session_id: str, stamp: str, *, parked: bool) -> None:
+        await self._script(
+            "session_index",
+            index_keys(self._prefix).both,
+            "touch",
+            session_id,
+            stamp,
+            "1" if parked else "0",
+            resend=True,
+        )
+
+    def _raise_refusal(self, run_id: str, reply: list[Any]) -> None:
+        outcome = as_text(reply[0])
+        if outcome == "fenced":
+            raise ProducerFenced(f"producer token refused for run {run_id} ({as_text(reply[1])})")
+        if outcome == "ended":
+            raise StreamEnded(f"run {run_id} has ended")
+
+    async def renew_lease(
+        self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
+    ) -> LeaseState:
+        keys = self._keys(run_id)
+        lease_ms = "" if lease_seconds is None else self._lease_ms(lease_seconds)
+        reply = await self._script("renew_lease", keys.both, producer_token, lease_ms, self._ttl_ms)
+        self._raise_refusal(run_id, reply)
+        return LeaseState(lease_expires_at=int(reply[1]) / 1000, cancel_requested=reply[2] == 1)
+
+    async def publish(
+        self, run_id: str, event: str, data: Any, *, producer_token: str
+    ) -> PublishResult:
+        return await self.publish_many(run_id, [(event, data)], producer_token=producer_token)
+
+    async def publish_many(
+        self,
+        run_id: str,
+        events: Sequence[tuple[str, Any]],
+        *,
+        producer_token: str,
+        seq: int | None = None,
+    ) -> PublishResult:
+        keys = self._keys(run_id)
+        limit = self._settings.max_events_per_run
+        args: list[bytes | str | int] = [
+            producer_token,
+            limit,
+            self._ttl_ms,
+            PUSH_BYTES,
+            limit // TRIM_SLACK_DIVISOR,
+            "" if seq is None else check_seq(seq, len(events)),
+        ]
+        for name, payload in rules.encode_batch(events):
+            args.append(name)
+            args.append(payload)
+        reply = await self._script("publish", keys.writes, *args)
+        outcome = as_text(reply[0])
+        if outcome == "ok":
+            result = PublishResult(
+                ids=tuple([as_text(entry_id) for entry_id in reply[3:]]),
+                cancel_requested=reply[1] == 1,
+                session_id=as_text(reply[2]) or None,
+            )
+            if result.session_id is not None and moves_state(events):
+                await self._turn_moved(result.session_id, run_id)
+            return result
+        self._raise_refusal(run_id, reply)
+        # -- numbered appends (see gateway.sequence)
+        if outcome == "overlap" or outcome == "duplicate":
+            start = 4 if outcome == "overlap" else 3
+            ids = tuple([as_text(entry_id) for entry_id in reply[start:]])
+            result = PublishResult(
+                ids=ids,
+                cancel_requested=reply[1] == 1,
+                session_id=as_text(reply[2]) or None,
+                already_applied=int(reply[3]) if outcome == "overlap" else len(ids),
+            )
+            # an overlap appended its tail: the session index follows what that moved
+            tail = events[result.already_applied :]
+            if outcome == "overlap" and result.session_id is not None and moves_state(tail):
+                await self._turn_moved(result.session_id, run_id)
+            return result
+        if outcome == "sequence_gap":
+            expected = int(reply[1])
+            raise SequenceGap(
+                f"batch starts at event {seq}; the next expected is {expected}", expected
+            )
+        if outcome == "sequence_conflict":
+            expected = int(reply[1])
+            raise sequence_conflict(seq or 0, expected)
+        # --
+        raise AssertionError(f"publish.lua replied {outcome!r}")
+
+    async def publish_end(
+        self,
+        run_id: str,
+        status: EndStatus,
+        error: Any = None,
+        *,
+        producer_token: str | None,
+    ) -> EndResult:
+        keys = self._keys(run_id)
+        check_end_status(status)
+        ended_ttl = ceil_ms(self._settings.ended_ttl_seconds)
+        reply = await self._script(
+            "publish_end",
+            keys.writes,
+            producer_token or "",
+            status,
+            b"" if error is None else rules.encode_payload(error),
+            "1" if self._settings.legacy_end_scan_enabled else "0",
+            ended_ttl,
+            max(ended_ttl, self._ttl_ms),
+        )
+        if as_text(reply[0]) == "noop":
+            return EndResult(id=None, deduplicated=False, applied=False)
+        if as_text(reply[0]) == "recorded":
+            result = EndResult(id=None, deduplicated=False, session_id=as_text(reply[1]) or None)
+            if result.session_id is not None:
+                await self._turn_moved(result.session_id, run_id)
+            return result
+        self._raise_refusal(run_id, reply)
+        result = EndResult(
+            id=as_text(reply[1]) or None,
+            deduplicated=reply[2] == 1,
+            session_id=as_text(reply[3]) or None,
+            legacy_scanned=len(reply) > 4 and reply[4] == 1,
+        )
+        if result.session_id is not None:
+            await self._turn_moved(result.session_id, run_id)
+        return result
+
+    async def request_cancel(self, run_id: str) -> bool:
+        keys = self._keys(run_id)
+        return bool(await self._script("cancel", [keys.meta]))
+
+    async def cleanup(self, run_id: str, delay: float = 0) -> None:
+        keys = self._keys(run_id)
+        if delay > 0:
+            # The log expires then, and the record says when, so that later writes keep
+            # that expiry instead of refreshing the TTL (see publish.lua).
+            await self._script("cleanup_later", keys.both, ceil_ms(delay), resend=True)
+        else:
+            await self._call(lambda: self._redis.delete(keys.log))
+            # Wake local feeds of every gateway so readers learn of the removal now.
+            await self._call(lambda: self._redis.spublish(keys.log, b""))
+
+    # -- reader side ------------------------------------------------------------
+
+    async def stream_exists(self, run_id: str) -> bool:
+        keys = self._keys(run_id)
+        return bool(await self._call(lambda: self._redis.exists(keys.log)))
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        keys = self._keys(run_id)
+
+        async def fetch() -> list[Any]:
+            # Cluster pipelines route per key; both keys share a slot either way.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys.meta)
+                pipe.xlen(keys.log)
+                pipe.xrange(keys.log, "-", "+", count=1)
+                pipe.xrevrange(keys.log, "+", "-", count=2)
+                return list(await pipe.execute())
+
+        meta_raw, length, head, tail = await self._call(fetch)
+        if not meta_raw and not length:
+            return None
+        meta = {as_text(k): as_text(v) for k, v in meta_raw.items()}
+        entries = [(as_text(i), flatten(f)) for i, f in tail]
+        end_entry = None
+        if entries and is_end(entries[0][1]):
+            end_entry = entry_item(entries[0][0], entries[0][1])
+            entries = entries[1:]
+        retained = int(length) - (1 if end_entry else 0)
+        first = as_text(head[0][0]) if head and retained > 0 else None
+        status = meta.get("status", "running")
+        if end_entry is not None and status == "running":
+            status = end_entry.status  # type: ignore[union-attr]
+        now = time.time()
+        return RunInfo(
+            run_id=run_id,
+            session_id=meta.get("session") or None,
+            status=status,  # type: ignore[arg-type]
+            created_at=int(meta.get("created", 0)) / 1000 or now,
+            updated_at=int(meta.get("updated", 0)) / 1000 or now,
+            first_event_id=first,
+            last_event_id=entries[0][0] if entries and retained > 0 else None,
+            retained_events=retained,
+            cancel_requested=meta.get("cancel") == "1",
+            epoch=int(meta.get("epoch", 0)),
+            lease_expires_at=int(meta.get("lease_until", 0)) / 1000,
+            log_exists=bool(length),
+            error=end_entry.error if isinstance(end_entry, End) else _error_of(meta),
+        )
+
+    async def _read(self, keys: RunKeys, after: str) -> LogRead:
+        """`read.lua`: the entries after `after` ("-": from the start) and the bounds."""
+        reply: list[Any] = await self._script("read", keys.both, after, READ_BATCH, resend=True)
+        return parse_read(reply)
+
+    async def _refresh(self, feed: RunFeed) -> None:
+        """Pull everything new since the feed's head into its window."""
+        async with feed.refreshing() as mine:
+            while mine and feed.take(await self._read(feed.keys, feed.head), READ_BATCH):
+                pass
+
+    async def _event_bounds(self, keys: RunKeys) -> tuple[str | None, str | None]:
+        """The first and last retained event ids (the END entry is not an event)."""
+
+        async def fetch() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xrange(keys.log, "-", "+", count=1)
+                pipe.xrevrange(keys.log, "+", "-", count=2)
+                return list(await pipe.execute())
+
+        head, tail = await self._call(fetch)
+        events = [as_text(i) for i, fields in tail if not is_end(flatten(fields))]
+        first = as_text(head[0][0]) if head and not is_end(flatten(head[0][1])) else None
+        return first, (events[0] if events else None)
+
+    async def _tail(self, keys: RunKeys) -> Entry | None:
+        reply: Any = await self._call(lambda: self._redis.xrevrange(keys.log, "+", "-", count=1))
+        if not reply:
+            return None
+        return entry_item(as_text(reply[0][0]), flatten(reply[0][1]))
+
+    def subscribe(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncGenerator[StreamItem, None]:
+        return one_by_one(self.subscribe_batches(run_id, last_event_id, heartbeat_interval))
+
+    def subscribe_batches(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
+        keys = self._keys(run_id)  # input is checked now, as on the memory bridge
+        interval = rules.heartbeat_interval(
+            self._settings.heartbeat_interval_seconds, heartbeat_interval
+        )
+        return self._follow(keys, rules.parse_start(last_event_id), interval)
+
+    async def _follow(
+        self, keys: RunKeys, start: rules.Start, interval: float
+    ) -> AsyncGenerator[Sequence[StreamItem], None]:
+        """Replay from the start position, then follow the shared feed; see `_Reader`."""
+        # A malformed cursor needs the log's tail first (an active log is followed from
+        # there). Any other reader's first read tells what the tail would, in the same
+        # round trip: where a new feed starts, and whether the log ends with its END,
+        # after which nothing can follow: such a reader (a resume's common case) reads
+        # and never subscribes. One that finds something to wait for subscribes then.
+        tail_id = None
+        newest = None
+        if start.kind == "malformed":
+            newest = await self._tail(keys)
+            tail_id = newest.id if newest is not None and newest.id else "0-0"
+        reader = _Reader(start, newest)
+        subscribed = False
+        async with self._notifier.attach(keys, tail_id, subscribe=False) as feed:
+            first = True
+            while True:
+                if self._closed or feed.closed:
+                    yield [rules.removed(reader.position, "bridge_closed")]
+                    return
+                try:
+                    if not (subscribed or first or reader.log_ended):
+                        # After the first read, before the refresh below (which then
+                        # reads what was appended since that read).
+                        await self._notifier.follow(feed)
+                        subscribed = True
+                    # The first step of a reader whose position is not yet checked is a
+                    # read of its own (`from_feed` gives it nothing), so the feed is
+                    # brought up to date after it: a resume that ends there costs no
+                    # feed read. From then on a stale feed is refreshed first, as the
+                    # wait below is skipped while it is stale.
+                    if feed.stale and (reader.caught_up or not first):
+                        await self._refresh(feed)
+                    first = False
+                    window = reader.from_feed(feed)
+                    if window is None:
+                        window = await self._direct(keys, feed, reader)
+                except (BridgeClosed, BackendUnavailable):
+                    if self._closed:
+                        continue
+                    raise
+                if window:
+                    yield window
+                    if reader.delivered(window):
+                        return  # a terminal item: the subscription is over
+                    continue
+                if not subscribed:  # nothing (yet) after the first read: wait subscribed
+                    await self._notifier.follow(feed)
+                    subscribed = True
+                    continue
+                # (A removed log is found by the reader's own read: the feed's view may
+                # be older than that read, which may already have found the log again.)
+                heartbeat = reader.idle(feed, interval)
+                if heartbeat:
+                    yield [HEARTBEAT]
+                elif not feed.stale:
+                    await feed.wait(reader.wait_seconds(interval))
+
+    async def _direct(self, keys: RunKeys, feed: RunFeed, reader: _Reader) -> list[StreamItem]:
+        """Read Redis from the reader's own position (shared with readers at the same
+        position) and decide what it gets: entries, a terminal item, or nothing yet."""
+        after = reader.after
+        read = await feed.read_shared(after, functools.partial(self._read, keys, after))
+        if not read.exists and reader.seen_stream:
+            # A removal is decided on a read of our own: a shared one may have begun
+            # before our first look found the log (its notification not yet heard).
+            read = await self._read(keys, after)
+        feed.start_at(read.tail.id if read.tail is not None and read.tail.id else "0-0")
+        reader.log_ended = isinstance(read.tail, End)
+        decided = reader.decide(read)
+        if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
+            first, last = await self._event_bounds(keys)
+            return [rules.gap(reader.position, replace(decided, first=first, last=last))]
+        return decided
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def ping(self) -> None:
+        await self._call(self._redis.ping, resend=False)  # readiness: no retry delay
+
+    async def eviction_policies(self) -> frozenset[str]:
+        """The `maxmemory-policy` of every Redis server holding runs (INFO, which
+        managed services allow where CONFIG is disabled). Only `noeviction` keeps the
+        contract free of evictions; under any other the floors still hold (readers get
+        gaps, never silent skips), but logs vanish."""
+        if isinstance(self._redis, RedisCluster):
+            cluster = self._redis
+            replies: Any = await self._call(
+                lambda: cluster.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            )
+            infos = list(replies.values()) if isinstance(replies, dict) else [replies]
+            if infos and not isinstance(infos[0], dict):  # one node: the info itself
+                infos = [replies]
+        else:
+            single = self._redis
+            infos = [await self._call(lambda: single.info("memory"))]
+        return frozenset(str(info.get("maxmemory_policy", "unknown")) for info in infos)
+
+    async def ensure_scripts(self) -> int:
+        """Readiness: load any of the bridge's Lua scripts Redis lacks; how many it loaded.
+
+        Writes would reload a flushed script on NOSCRIPT anyway; this makes readiness
+        say whether the scripts can be loaded at all, before traffic arrives.
+        """
+        scripts = list(self._scripts.values())
+        return await self._call(lambda: ensure_loaded(self._redis, scripts), resend=False)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._notifier.close()  # wakes every waiting subscriber
+        try:
+            if isinstance(self._redis, RedisCluster):
+                await self._redis.aclose()
+            else:
+                await self._redis.aclose(close_connection_pool=True)
+            await self._turns.close()
+        except (*_BACKEND_ERRORS, redis_errors.RedisError):
+            pass
+
+
+def _error_of(meta: dict[str, str]) -> Any:
+    raw = meta.get("err")
+    return orjson.loads(raw) if raw else None
+
+
+class _Reader:
+    """Where one Redis subscription stands, and the decisions taken on each read.
+
+    The position rules themselves are `rules`'; this keeps the subscription's state:
+    - `position`: delivered up to here (None: nothing yet, replay from the earliest);
+      `checked`: whether it is a position the reader holds (a valid cursor or something
+      delivered), which is what can fall behind the log's floor;
+    - `seen_stream` / `seen_record`: the log, or the run record without a log, were
+      there once, so their disappearance is a removal, not "not written yet";
+    - `caught_up`: its position was checked against the log, so it may take the shared
+      feed's window (when its position is inside it) rather than read Redis;
+    - `log_ended`: the log's newest entry, as its latest look found it (its latest
+      direct read, or the tail a malformed cursor needs), was the END: nothing to wait
+      for, so it does not subscribe.
+    """
+
+    __slots__ = (
+        "caught_up",
+        "checked",
+        "idle_since",
+        "log_ended",
+        "position",
+        "seen_record",
+        "seen_stream",
+    )
+
+    def __init__(self, start: rules.Start, newest: Entry | None) -> None:
+        self.position: EventKey | None = start.key
+        self.checked = start.kind == "valid"
+        if start.kind == "malformed" and newest is not None and not isinstance(newest, End):
+            # Malformed cursor: an active stream is followed from its live tail only;
+            # an ended one is replayed through its END. That tail is a position the
+            # reader holds from now on: a trim past it before the first read is a gap.
+            assert newest.id is not None
+            self.position = parse_cursor(newest.id)
+            self.checked = True
+        self.seen_stream = newest is not None
+        self.seen_record = False
+        self.caught_up = False
+        self.log_ended = isinstance(newest, End)
+        self.idle_since = time.monotonic()
+
+    @property
+    def after(self) -> str:
+        return "-" if self.position is None else format_key(self.position)
+
+    def from_feed(self, feed: RunFeed) -> list[StreamItem] | None:
+        """The feed window's entries after our position; None when we must read Redis."""
+        if not self.caught_up or feed.missing:
+            return None
+        window: list[StreamItem] | None = feed.after(self.position or (0, 0))  # type: ignore[assignment]
+        return window
+
+    def decide(self, read: LogRead) -> list[StreamItem] | rules.Bounds:
+        """What a direct read gives this reader: entries (maybe none yet), a terminal
+        item, or the log's bounds when the reader is behind its floor (a gap)."""
+        if not read.exists:
+            if self.seen_stream or (
+                self.checked and rules.missed_removed(self.position, read.last_event)
+            ):
+                return [rules.removed(self.position, "stream_removed")]
+            if read.status and read.status != "running":
+                # The log of an ended run is gone (or was never written) but its record
+                # remains and says how it ended.
+                return [End(read.status, read.error, read.end_id)]  # type: ignore[arg-type]
+            if read.status:
+                self.seen_record = True  # claimed, nothing published yet
+            elif self.seen_record or (self.checked and rules.missed_unknown(self.position)):
+                # The record we saw is gone too (the run expired, or Redis lost its
+                # data), or our cursor points into a run nothing is left of: waiting
+                # would mean heartbeats forever.
+                return [rules.removed(self.position, "stream_removed")]
+            return []
+        self.seen_stream = True
+        assert read.bounds is not None
+        if self.checked and rules.missed_events(self.position, read.bounds):
+            return read.bounds
+        if not read.entries:
+            end = read.tail_end()
+            if end is not None:
+                return [end]  # the cursor is at or past the END entry: the run is over
+        # Its position is checked: from now on it takes the shared window whenever its
+        # position is inside it (`from_feed`), and reads Redis again only when behind.
+        self.caught_up = True
+        return list(read.entries)
+
+    def delivered(self, window: Sequence[StreamItem]) -> bool:
+        """Advance past what was yielded; True when it ended the subscription."""
+        last = window[-1]
+        if isinstance(last, End | StreamGap):
+            return True
+        assert isinstance(last, StreamEvent)
+        self.position = key_of(last.id)
+        self.checked = True
+        self.idle_since = time.monotonic()
+        return False
+
+    def idle(self, feed: RunFeed, interval: float) -> bool:
+        """Whether a heartbeat is due now (and re-arm the checks made once per interval)."""
+        now = time.monotonic()
+        if now - self.idle_since < interval:
+            return False
+        if now - feed.last_read >= interval:
+            feed.mark_stale()  # a lost notification costs one interval at most
+        if not self.seen_stream:
+            self.caught_up = False  # no log yet: re-check the run record directly
+        self.idle_since = time.monotonic()
+        return True
+
+    def wait_seconds(self, interval: float) -> float:
+        return interval - (time.monotonic() - self.idle_since)

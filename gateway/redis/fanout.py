@@ -1,0 +1,246 @@
+"""Per-process fan-out for the Redis bridge: a run's log is read from Redis once per change
+and shared by every local subscriber of that run.
+
+- Every write script SPUBLISHes on the run's shard channel (the log key's name). The
+  process's notifier (`notifier.py`: one pub/sub connection per node that owns a
+  followed run's slot) hears it and pushes it to the run's feed (`RunFeed.push`).
+- A `RunFeed` per run with local subscribers keeps a bounded window of its newest
+  entries. Whichever subscriber wakes first reads the new entries with `read.lua`
+  (under the feed's lock); the others take them from the window.
+- A subscriber whose position is older than the window (replaying, or lagging behind a
+  fast producer) reads Redis directly from its own cursor, with exact gap detection,
+  until it reaches the window. A slow client therefore never holds up the feed or the
+  other subscribers. Subscribers asking for the same position at once (clients of a
+  run reconnecting together after a deploy or a network blip) share that read and its
+  decoded entries (`RunFeed.read_shared`).
+
+Redis connections held by a process: the bounded command pool plus one pub/sub
+connection per Redis node (shard) with followed runs, whatever the number of subscribers
+or runs. A resubscription marks the feeds stale (they read once), and a notification
+lost anyway costs at most one heartbeat interval: idle subscribers re-read the feed then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from bisect import bisect_right
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from ..bridge.deadlines import Deadlines, Signal
+from ..bridge.pacing import WakePacer
+from ..bridge.rules import missed_events
+from ..cursor import EventKey, format_key, key_of, parse_cursor
+from ..values import End
+from .codec import Entry, LogRead, decode_push
+from .keys import RunKeys
+
+T = TypeVar("T")
+SHARED_READS = 8  # direct-read results a feed keeps (by position) until its next change
+# ... and for no longer than this (seconds): a log can also vanish without a notification
+# (its TTL expired), and a storm of reconnects is over well within it.
+SHARED_READ_SECONDS = 1.0
+
+
+class RunFeed:
+    """The shared window of one run's newest entries, contiguous after `base`."""
+
+    def __init__(
+        self, keys: RunKeys, start: str | None, window: int, deadlines: Deadlines | None = None
+    ) -> None:
+        self.keys = keys
+        # `start` None: the log's tail is not known yet; the first read of one of its
+        # readers tells it (`start_at`), and until then the window serves nobody.
+        self.started = start is not None
+        start = start or "0-0"
+        self.base = start  # every entry after `base` up to `head` is in `items`
+        self.head = start  # the next read starts after this id
+        self._base_key = parse_cursor(start)
+        self._head_key = self._base_key
+        self._keys_window: list[EventKey] = []
+        self.items: list[Entry] = []
+        self._window = window
+        self.stale = True  # a change may be waiting in Redis
+        self.removed = False  # the log was seen and is missing now
+        self.missing = False  # the last read found no log (readers ask Redis themselves)
+        self.closed = False
+        self.changes = 0  # notifications seen: a reader compares it before and after a read
+        self.last_read = 0.0
+        self.users = 0
+        self._seen = False
+        self._lock = asyncio.Lock()
+        # Readers wait on a one-shot signal with their heartbeat deadline in a bucket of
+        # `deadlines` (the notifier's, shared by every feed of the process): no timer per
+        # wait, whereas a reader woken for each event went back to wait with a timer of
+        # its own (a tenth of the cost of a delivery to a run's several readers).
+        self._deadlines = deadlines
+        self._changed = Signal()
+        self._pacer = WakePacer(self.wake, contended_within=2.0)
+        # Direct reads by start position (with the time each began), in flight or done
+        # since the last change; a result of None means "read it yourself".
+        self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
+
+    # -- what subscribers see ----------------------------------------------------
+
+    def after(self, position: EventKey) -> list[Entry] | None:
+        """Entries after `position`, or None when it is older than the window."""
+        if position < self._base_key or not self.started:
+            return None
+        entries = self.items[bisect_right(self._keys_window, position) :]
+        if not entries and self.items and isinstance(self.items[-1], End):
+            return self.items[-1:]  # a cursor past the END entry still learns the run ended
+        return entries
+
+    async def wait(self, seconds: float) -> None:
+        """Until the next change, or about `seconds` (to `DEADLINE_RESOLUTION`) pass."""
+        # asyncio-native on purpose: subscribers run in bare asyncio tasks that are
+        # cancelled with `Task.cancel()` (http/streaming/sse.py), and an anyio cancel scope whose
+        # deadline fires as that cancel arrives can swallow it (seen: a drained stream
+        # that kept reading). A `Signal`'s wait is a plain future.
+        self._pacer.parked()
+        loop = asyncio.get_running_loop()
+        if self._deadlines is None:
+            self._deadlines = Deadlines(loop)
+        await self._changed.wait_until(self._deadlines, loop.time() + seconds)
+
+    def wake(self) -> None:
+        changed, self._changed = self._changed, Signal()
+        changed.fire()
+
+    def mark_stale(self) -> None:
+        self.stale = True
+        self.changes += 1
+        self._reads.clear()  # later readers read afresh
+        self.wake()
+
+    def push(self, message: bytes) -> None:
+        """A change notification: take the entries it carries when they follow our copy
+        of the log exactly; otherwise (or if it carries none) read Redis."""
+        pushed = decode_push(message) if not self.stale and not self.missing else None
+        if pushed is None or pushed.prev != self.head:
+            self.mark_stale()
+            return
+        for entry in pushed.entries:
+            self._append(entry)
+        self._reads.clear()
+        self.last_read = time.monotonic()
+        self._pacer.appended_now()  # paced: a burst of notifications, one wake-up
+
+    def start_at(self, tail: str) -> None:
+        """Begin the window of a feed made without a start at `tail`, the log's newest
+        id as one of its readers found it ("0-0": no log). The feed is stale, so its
+        first refresh reads whatever was appended since."""
+        if not self.started:
+            self.started = True
+            self.stale = True
+            self._reset(tail)
+
+    # -- reading Redis ----------------------------------------------------------
+
+    async def read_shared(self, position: str, read: Callable[[], Awaitable[T]]) -> T:
+        """`read()` from `position`, or the result of the same read begun less than
+        `SHARED_READ_SECONDS` ago and since the last change notification.
+
+        Taking a result read a moment before we asked is safe: the subscriber goes on
+        reading from where that result ends, and any change since has cleared these
+        results and marked the feed stale. (A feed nobody has subscribed hears of no
+        change: its first reader is between its read and its subscription, which then
+        clears these results, or its readers all found the log ending with its END. The
+        latter's results stand for `SHARED_READ_SECONDS`, during which an ended log can
+        change only by vanishing,
+        which a reader finds on its own next read, or by being removed and written anew,
+        whose old END such a reader may still be handed, as if it had read a moment
+        earlier.) If the read fails or its reader is
+        cancelled, those who joined it read for themselves.
+        """
+        now = time.monotonic()
+        earlier = self._reads.get(position)
+        if earlier is not None and now - earlier[1] < SHARED_READ_SECONDS:
+            shared: T | None = await asyncio.shield(earlier[0])
+            if shared is not None:
+                return shared
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._reads.pop(position, None)  # re-inserted last: the newest
+        self._reads[position] = (future, now)
+        while len(self._reads) > SHARED_READS:
+            del self._reads[next(iter(self._reads))]  # the oldest position
+        result: T | None = None
+        try:
+            result = await read()
+            return result
+        finally:
+            future.set_result(result)
+            mine = self._reads.get(position)
+            if result is None and mine is not None and mine[0] is future:
+                del self._reads[position]
+
+    @asynccontextmanager
+    async def refreshing(self) -> AsyncIterator[bool]:
+        """One reader at a time pulls what is new since `head` (`take` each read).
+
+        Yields False when another subscriber read it while we queued for the lock.
+        """
+        async with self._lock:
+            if not self.stale:
+                yield False
+                return
+            self.stale = False
+            try:
+                yield True
+            except BaseException:
+                self.stale = True
+                raise
+            finally:
+                self.last_read = time.monotonic()
+                self.wake()
+
+    def take(self, read: LogRead, batch: int) -> bool:
+        """Add one read (made after `head`) to the window; True when more may follow."""
+        if not read.exists:
+            self.removed = self._seen
+            self.missing = True
+            return False
+        self._seen = True
+        # A log written again after a removal: readers that had not yet seen the removal
+        # go on from the window (the floor check below keeps them exact).
+        self.removed = self.missing = False
+        assert read.bounds is not None
+        if missed_events(self._head_key, read.bounds):
+            # The feed itself is behind the log's floor (a burst larger than the retained
+            # window between two reads, or a log removed and written again): restart the
+            # window at the floor; subscribers behind it find their gap in Redis.
+            assert read.bounds.floor is not None
+            self._reset(format_key(read.bounds.floor))
+            return True
+        for entry in read.entries:
+            self._append(entry)
+        return len(read.entries) >= batch
+
+    def _append(self, entry: Entry) -> None:
+        assert entry.id is not None
+        key = key_of(entry.id)
+        if key <= self._head_key:
+            return  # pushed while a read was in flight: we have it already
+        self._head_key = key
+        if self.items and isinstance(self.items[-1], End):
+            self.head = entry.id  # a legacy log's entries after its END: never delivered
+            return
+        self.items.append(entry)
+        self._keys_window.append(key)
+        self.head = entry.id
+        excess = len(self.items) - self._window
+        if excess > self._window // 4:  # drop in chunks: amortised O(1) per entry
+            dropped = self.items[excess - 1].id
+            assert dropped is not None
+            del self.items[:excess]
+            del self._keys_window[:excess]
+            self.base = dropped
+            self._base_key = parse_cursor(dropped)
+
+    def _reset(self, start: str) -> None:
+        self.items.clear()
+        self._keys_window.clear()
+        self.base = self.head = start
+        self._base_key = self._head_key = parse_cursor(start)

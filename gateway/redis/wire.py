@@ -1,0 +1,68 @@
+"""The Redis bridge's command pool and its connections: redis-py's, checking what the pool
+hands out, and packing with hiredis.
+
+redis-py's asyncio connection packs every command in Python (its synchronous one already
+packs with hiredis when it is installed): for a publish, whose script call carries a
+dozen arguments, that was about a tenth of the bridge's CPU per event. `pack_command`
+is the connection's public hook for it; `hiredis.pack_command` produces the same bytes
+for the argument types the bridge sends (bytes, str, int), and anything else goes the
+way redis-py packs it. A script call is packed once (`pack`) and sent as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hiredis
+from redis.asyncio import Connection, ConnectionPool
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError
+
+_PACKED_TYPES = (bytes, str, int)
+
+
+def pack(*args: bytes | str | int | memoryview) -> bytes:
+    """One command as it goes on the wire, packed by hiredis: the bridge's script calls,
+    which send it as it is (`turns.Held`, and again after a NOSCRIPT)."""
+    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub: a 1-tuple
+    return packed
+
+
+class PackedConnection(Connection):
+    """A plain TCP connection whose commands hiredis packs."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        for arg in args:
+            if type(arg) not in _PACKED_TYPES:  # bool, float, memoryview, ...: redis-py's way
+                return super().pack_command(*args)
+        first = args[0]
+        if " " in first if isinstance(first, str) else b" " in first:
+            # A command name with its subcommand ("SCRIPT LOAD"): separate arguments.
+            return super().pack_command(*args)
+        try:
+            return [pack(*args)]
+        except Exception:  # what redis-py would refuse: let it refuse it, its own way
+            return super().pack_command(*args)
+
+
+class CheckedPool(ConnectionPool):
+    """redis-py's pool, which checks each connection it hands out, always.
+
+    The pool means to replace a connection the server closed (a restart, the server's
+    idle `timeout`) or one holding unread data, but redis-py 8.1 skips that check while
+    its maintenance notifications are "auto", the default: the connection was handed
+    out and its command failed (a 503, as a write is never re-sent). `ensure_connection`
+    is the pool's public hook for the check; the connections the bridge keeps for its
+    scripts (`turns.py`) go through it too. `can_read` does no I/O.
+    """
+
+    async def ensure_connection(self, connection: AbstractConnection) -> None:
+        if connection.is_connected:
+            try:
+                stale = bool(connection.should_reconnect()) or await connection.can_read()  # type: ignore[no-untyped-call]
+            except ConnectionError:  # it found the socket closed and disconnected itself
+                stale = False
+            if stale:
+                await connection.disconnect(nowait=True)
+        if not connection.is_connected:  # (connect() itself goes through a retry wrapper)
+            await connection.connect()  # type: ignore[no-untyped-call]

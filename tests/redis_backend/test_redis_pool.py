@@ -1,0 +1,168 @@
+"""A saturated connection pool serves its callers in turn: with far more concurrent
+writers than connections, every write waits its turn and none is starved past the
+command timeout (redis-py's pool alone lets a caller that just released a connection
+take it straight back, ahead of the callers woken for it)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from gateway.bridge.provider import open_bridge
+from gateway.sessions.provider import session_store_for
+from gateway.settings import Settings
+from gateway.values import End
+from tests.support.redis_servers import RedisServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+WRITERS = 40
+WRITES = 250
+
+
+async def test_writers_beyond_the_pool_size_all_get_their_turn(
+    redis_url: str, key_prefix: str
+) -> None:
+    settings = Settings(
+        redis_url=redis_url,
+        redis_key_prefix=key_prefix,
+        redis_max_connections=2,
+        redis_command_timeout_seconds=0.5,
+    )
+    failures: list[BaseException] = []
+    async with open_bridge(settings) as bridge:
+        claims = [await bridge.claim(f"pool-{i}", lease_seconds=60) for i in range(WRITERS)]
+
+        async def writer(index: int) -> None:
+            token = claims[index].token
+            for n in range(WRITES):
+                try:
+                    await bridge.publish(f"pool-{index}", "token", n, producer_token=token)
+                except Exception as exc:  # the assertion below reports them
+                    failures.append(exc)
+                    return
+
+        started = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            for index in range(WRITERS):
+                tg.start_soon(writer, index)
+        took = anyio.current_time() - started
+    # The test only means something when the writes took longer than the timeout.
+    assert took > settings.redis_command_timeout_seconds, took
+    assert failures == []
+
+
+async def test_every_caller_takes_a_turn_so_the_plain_pool_never_runs_out(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The pool is never waited on (it refuses a caller beyond its size at once): writers,
+    readers replaying from Redis, run lookups and the session store, all at once on two
+    connections, every one of them gets its turn and none is refused."""
+    settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2)
+    runs, events = 10, 40
+    failures: list[BaseException] = []
+    async with open_bridge(settings) as bridge:
+        store = session_store_for(bridge, settings)
+        tokens = [(await bridge.claim(f"mix-{i}", session_id=f"s-{i}")).token for i in range(runs)]
+
+        async def writer(index: int) -> None:
+            for n in range(events):
+                await bridge.publish(f"mix-{index}", "e", n, producer_token=tokens[index])
+            await bridge.publish_end(f"mix-{index}", "success", producer_token=tokens[index])
+
+        async def reader(index: int) -> None:
+            seen = 0
+            async for item in bridge.subscribe(f"mix-{index}", "0-0"):
+                if isinstance(item, End):
+                    break
+                seen += 1
+            assert seen == events
+
+        async def looker(index: int) -> None:
+            for _ in range(events):
+                await bridge.get_run(f"mix-{index}")
+                await store.list_turns(f"s-{index}")
+
+        async def guarded(job: Callable[[int], Awaitable[None]], index: int) -> None:
+            try:
+                await job(index)
+            except Exception as exc:  # the assertion below reports them
+                failures.append(exc)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for index in range(runs):
+                    for job in (reader, reader, writer, looker):
+                        tg.start_soon(guarded, job, index)
+    assert failures == []
+
+
+async def test_a_script_cut_off_on_its_kept_connection_leaves_no_reply_for_the_next(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Scripts keep their connection between turns. One cancelled while Redis holds it
+    (paused writes) must not leave its reply to be read as the next script's: the next
+    publish, on the same connection (the last one given back is the next one taken),
+    must get its own id back."""
+    settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix, redis_max_connections=2)
+    raw = Redis.from_url(redis_url)
+    try:
+        async with open_bridge(settings) as bridge:
+            token = (await bridge.claim("cut-1")).token
+            first = await bridge.publish("cut-1", "e", 0, producer_token=token)
+            await raw.client_pause(10_000, all=False)  # holds writes, and so scripts
+            try:
+                with anyio.move_on_after(0.3) as waited:
+                    await bridge.publish("cut-1", "e", 1, producer_token=token)
+                assert waited.cancelled_caught  # it was cut off while Redis held it
+            finally:
+                await raw.client_unpause()
+            with anyio.fail_after(10):
+                after = await bridge.publish("cut-1", "e", 2, producer_token=token)
+            log = await raw.xrange(f"{key_prefix}{{cut-1}}:log")
+        # The cut-off publish may or may not have run (its connection was closed while
+        # Redis held it, which here discards it); either way the next publish's reply
+        # is its own: the id of the entry holding 2.
+        data = [entry[1][b"d"] for entry in log]
+        assert data in ([b"0", b"2"], [b"0", b"1", b"2"])
+        assert after.ids == (log[-1][0].decode(),)
+        assert first.ids == (log[0][0].decode(),)
+    finally:
+        await raw.aclose()
+
+
+async def test_a_connection_the_server_closed_is_never_used_again(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """A connection the server closed while it was idle (a restart, the server's idle
+    `timeout`; here CLIENT KILL) is replaced before a command goes out on it, whether a
+    script kept it or the pool hands it out: the write succeeds, where sending it on the
+    dead connection would fail it with a 503 (a write is never re-sent after it may
+    have run), and so do a readiness ping and a session read (neither is retried)."""
+    server = redis_server_factory()
+    settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix)
+    raw = Redis.from_url(server.url)
+    try:
+        async with open_bridge(settings) as bridge:
+            store = session_store_for(bridge, settings)
+            token = (await bridge.claim("closed-1", session_id="closed-s")).token
+            await bridge.publish("closed-1", "e", 0, producer_token=token)
+            await bridge.ping()
+            await store.list_turns("closed-s")
+            # Every command connection, not the notifier's (pub/sub) nor this one. The
+            # server closes them before it answers, so their end has reached the
+            # gateway's loop by the time this returns.
+            killed = await raw.client_kill_filter(_type="normal", skipme=True)
+            assert killed >= 2  # a kept one and a pooled one
+            with anyio.fail_after(10):
+                result = await bridge.publish("closed-1", "e", 1, producer_token=token)
+                await bridge.ping()
+                await store.list_turns("closed-s")
+            log = await raw.xrange(f"{key_prefix}{{closed-1}}:log")
+        assert [entry[1][b"d"] for entry in log] == [b"0", b"1"]
+        assert result.ids == (log[1][0].decode(),)
+    finally:
+        await raw.aclose()

@@ -1,0 +1,245 @@
+"""What a resume costs Redis: reconnecting with a cursor to a run that has ended reads
+the log once (its own read from the cursor, which reaches the END, with no tail lookup
+before it), with no second read
+to bring the shared feed up to date, since nothing will take from it, and subscribes to
+no notifications, since nothing can follow an END. A reader of an ended log that finds
+something to wait for after all (the log removed and written again) subscribes then."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import pytest
+
+from gateway.bridge.base import StreamBridge
+from gateway.bridge.provider import open_bridge
+from gateway.redis.keys import run_keys
+from gateway.settings import Settings
+from gateway.values import End, StreamEvent
+from tests.support.redis_servers import RedisServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+def _quiet(server: RedisServer, key_prefix: str) -> Settings:
+    # Heartbeats 30 s apart: a reader that did not subscribe would hear of a change only
+    # at its next heartbeat's check, long after each test's timeout.
+    return Settings(
+        redis_url=server.url, redis_key_prefix=key_prefix, heartbeat_interval_seconds=30
+    )
+
+
+async def _ended_run(bridge: StreamBridge, run_id: str, events: int) -> list[str]:
+    """A run of `events` token events and its END; the events' ids."""
+    claim = await bridge.claim(run_id, lease_seconds=60)
+    ids = [
+        (await bridge.publish(run_id, "token", n, producer_token=claim.token)).ids[0]
+        for n in range(events)
+    ]
+    await bridge.publish_end(run_id, "success", producer_token=claim.token)
+    return ids
+
+
+async def _subscribed(server: RedisServer, channel: str) -> None:
+    """Until a reader has subscribed `channel` (a state of the server: polled)."""
+    with server.client() as raw:
+        while not raw.pubsub_shardnumsub(channel)[0][1]:
+            await asyncio.sleep(0.01)
+
+
+async def _next_written_while_waiting(
+    server: RedisServer, key_prefix: str, bridge: StreamBridge, sub: Any, run_id: str, token: str
+) -> tuple[str, Any]:
+    """Ask for the subscription's next item; once its reader waits subscribed (so only a
+    notification can bring it), publish one event; the event's id and the item."""
+    waiting = asyncio.ensure_future(anext(sub))
+    await _subscribed(server, run_keys(key_prefix, run_id).log)
+    (written,) = (await bridge.publish(run_id, "token", "later", producer_token=token)).ids
+    return written, await waiting
+
+
+async def test_a_resume_of_an_ended_run_reads_the_log_once(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=key_prefix)
+    async with open_bridge(settings) as bridge:
+        ids = await _ended_run(bridge, "resumed", 30)
+        with fresh_redis.client() as raw:
+            raw.config_resetstat()
+            got: list[str] = []
+            subscription = bridge.subscribe("resumed", ids[9])
+            async for item in subscription:
+                if isinstance(item, End):
+                    break
+                assert isinstance(item, StreamEvent)
+                got.append(item.id)
+            await subscription.aclose()
+            stats = raw.info("commandstats")
+    assert got == ids[10:]
+    # read.lua runs XINFO STREAM once per read (EVALSHA may count twice: NOSCRIPT, load).
+    assert stats["cmdstat_xinfo|stream"]["calls"] == 1, stats["cmdstat_xinfo|stream"]
+    assert "cmdstat_ssubscribe" not in stats and "cmdstat_sunsubscribe" not in stats, stats
+    # ... and that read is the whole resume: no tail lookup before it.
+    assert "cmdstat_xrevrange" not in stats, stats["cmdstat_xrevrange"]
+
+
+async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
+    fresh_redis: RedisServer, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as bridge:
+        await _ended_run(bridge, "again", 1)
+        written: list[str] = []
+        tail = bridge._tail  # type: ignore[attr-defined]
+
+        async def tail_then_rewrite(keys: object) -> object:
+            # The reader saw the END; then the run's keys vanish (expiry, eviction) and a
+            # producer starts the run afresh, before the reader's first read.
+            newest = await tail(keys)
+            with fresh_redis.client() as raw:
+                raw.delete(*raw.keys(f"{key_prefix}*"))
+            fresh = await bridge.claim("again", lease_seconds=60)
+            written.append(fresh.token)
+            result = await bridge.publish("again", "token", 1, producer_token=fresh.token)
+            written.extend(result.ids)
+            return newest
+
+        follow = bridge.notifier.follow
+
+        async def write_then_follow(feed: object) -> None:
+            # Written before the reader's subscription: no notification of it is heard.
+            unheard = await bridge.publish("again", "token", 2, producer_token=written[0])
+            written.extend(unheard.ids)
+            await follow(feed)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(bridge, "_tail", tail_then_rewrite)
+        monkeypatch.setattr(bridge.notifier, "follow", write_then_follow)
+        # A malformed cursor: the one reader that looks at the tail before its first read
+        # (an ended log is replayed through its END, an active one followed from its tail).
+        subscription = bridge.subscribe("again", "not-a-cursor")
+        with anyio.fail_after(5):
+            first = await anext(subscription)
+            monkeypatch.setattr(bridge, "_tail", tail)
+            second = await anext(subscription)  # read once more after subscribing
+            later, third = await _next_written_while_waiting(
+                fresh_redis, key_prefix, bridge, subscription, "again", written[0]
+            )
+        await subscription.aclose()
+    assert isinstance(first, StreamEvent) and first.id == written[1]
+    assert isinstance(second, StreamEvent) and second.id == written[2]
+    assert isinstance(third, StreamEvent) and third.id == later
+
+
+@pytest.mark.parametrize("cursor", [None, "first"])
+async def test_a_reader_subscribes_after_its_first_read_and_misses_nothing_before(
+    fresh_redis: RedisServer, key_prefix: str, monkeypatch: pytest.MonkeyPatch, cursor: str | None
+) -> None:
+    """A reader's first read tells whether the log ended; one that goes on following
+    subscribes after it, and reads once more, so what was appended between its read
+    and its subscription (no notification of it is heard) is delivered too."""
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as bridge:
+        claim = await bridge.claim("live", lease_seconds=60)
+        ids = [
+            (await bridge.publish("live", "token", n, producer_token=claim.token)).ids[0]
+            for n in range(2)
+        ]
+        follow = bridge.notifier.follow
+        unheard: list[str] = []
+
+        async def write_then_follow(feed: object) -> None:
+            result = await bridge.publish("live", "token", 2, producer_token=claim.token)
+            unheard.extend(result.ids)
+            await follow(feed)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(bridge.notifier, "follow", write_then_follow)
+        subscription = bridge.subscribe("live", ids[0] if cursor else None)
+        got: list[str] = []
+        with anyio.fail_after(5):
+            while len(got) < (2 if cursor else 3):
+                item = await anext(subscription)
+                assert isinstance(item, StreamEvent)
+                got.append(item.id)
+            monkeypatch.setattr(bridge.notifier, "follow", follow)
+            later, last = await _next_written_while_waiting(
+                fresh_redis, key_prefix, bridge, subscription, "live", claim.token
+            )
+        await subscription.aclose()
+    assert got == (ids[1:] if cursor else ids) + unheard
+    assert isinstance(last, StreamEvent) and last.id == later
+
+
+async def test_a_follower_joining_the_feed_of_an_ended_logs_reader_subscribes_it(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    # One process: a reader of the ended log holds the run's feed (unsubscribed) when the
+    # log is removed and the run starts afresh; a live follower joins that feed.
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as bridge:
+        ids = await _ended_run(bridge, "shared", 2)
+        resumed = bridge.subscribe("shared", ids[0])
+        with anyio.fail_after(5):
+            held = await anext(resumed)  # it holds the feed until it reads on
+        with fresh_redis.client() as raw:
+            raw.delete(*raw.keys(f"{key_prefix}*"))
+        fresh = await bridge.claim("shared", lease_seconds=60)
+        start = (await bridge.publish("shared", "token", 10, producer_token=fresh.token)).ids
+        follower = bridge.subscribe("shared", start[0])
+        with anyio.fail_after(5):
+            live, got = await _next_written_while_waiting(
+                fresh_redis, key_prefix, bridge, follower, "shared", fresh.token
+            )
+        await follower.aclose()
+        await resumed.aclose()
+    assert isinstance(held, StreamEvent) and held.id == ids[1]
+    assert isinstance(got, StreamEvent) and got.id == live
+
+
+async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as bridge:
+        claim = await bridge.claim("quiet", lease_seconds=60)
+        subscription = bridge.subscribe("quiet")
+        first = asyncio.ensure_future(anext(subscription))
+        with fresh_redis.client() as raw:
+            raw.config_resetstat()
+            await asyncio.sleep(0.5)  # the span observed: a follower with nothing to read
+            reads = raw.info("commandstats").get("cmdstat_xinfo|stream", {}).get("calls", 0)
+        assert not first.done()
+        ids = (await bridge.publish("quiet", "token", 1, producer_token=claim.token)).ids
+        with anyio.fail_after(5):
+            item = await first
+        await subscription.aclose()
+    assert isinstance(item, StreamEvent) and item.id == ids[0]
+    assert reads <= 2, reads  # its first look (and the feed's), then it waits
+
+
+async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """Issue #25 item 8: a malformed cursor starts at the log's live tail (a lookup of its
+    own); a trim past that tail before the reader's first read is a gap, never a silent
+    skip. The two steps of `_follow` are taken by hand so the trim lands between them."""
+    from gateway.bridge import rules
+    from gateway.redis.bridge import RedisStreamBridge, _Reader
+
+    settings = Settings(
+        redis_url=redis_server.url, redis_key_prefix=key_prefix, max_events_per_run=3
+    )
+    with anyio.fail_after(20):
+        async with open_bridge(settings) as bridge:
+            assert isinstance(bridge, RedisStreamBridge)
+            claim = await bridge.claim("malformed-floor", lease_seconds=60)
+            for n in range(2):
+                await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
+            keys = run_keys(key_prefix, "malformed-floor")
+            newest = await bridge._tail(keys)  # the reader's first step
+            reader = _Reader(rules.parse_start("not-a-cursor"), newest)
+            for n in range(2, 7):  # meanwhile: appends that trim past that tail
+                await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
+            decided = reader.decide(await bridge._read(keys, reader.after))  # its first read
+            assert isinstance(decided, rules.Bounds), decided  # behind the floor: a gap

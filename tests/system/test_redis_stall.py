@@ -1,0 +1,131 @@
+"""A stalled Redis (`DEBUG SLEEP` on a Redis the test started) never leaves clients
+hanging: requests answer 503 and open streams end with an `unavailable` frame within
+`redis_command_timeout_seconds`, long before the stall is over."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import anyio
+import httpx
+import pytest
+
+from tests.support.http_server import ProducerClient, make_settings, serve
+from tests.support.redis_servers import HOST, RedisServer
+from tests.support.sse_client import iter_frames
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+STALL = 6.0  # seconds Redis sleeps
+TIMEOUT = 1.0  # redis_command_timeout_seconds
+
+
+def wait_until_stalled(probe: socket.socket) -> None:
+    """Until a PING on `probe` (connected beforehand) goes unanswered for 0.1 s: the
+    DEBUG SLEEP has reached the server. A bare socket, so no client retries stretch
+    the wait into the stall."""
+    deadline = time.monotonic() + STALL / 2
+    while time.monotonic() < deadline:
+        probe.sendall(b"PING\r\n")
+        if not select.select([probe], [], [], 0.1)[0]:
+            return
+        assert probe.recv(64).startswith(b"+PONG"), "unexpected reply to PING"
+    raise AssertionError("Redis never stalled")
+
+
+@contextmanager
+def stalled(server: RedisServer) -> Iterator[None]:
+    """Redis blocked in DEBUG SLEEP for STALL seconds (from a thread: it blocks)."""
+
+    sending = threading.Event()
+
+    def sleep() -> None:
+        with server.client(socket_timeout=STALL + 5) as raw:
+            raw.ping()  # connected: what follows goes straight out
+            sending.set()
+            raw.execute_command("DEBUG", "SLEEP", str(STALL))
+
+    with socket.create_connection((HOST, server.port), timeout=5) as probe:
+        thread = threading.Thread(target=sleep, daemon=True)
+        thread.start()
+        # A PING can miss its timeout on a loaded machine too: it counts only once the
+        # DEBUG SLEEP is on its way.
+        assert sending.wait(STALL / 2), "the DEBUG SLEEP was never sent"
+        wait_until_stalled(probe)
+    try:
+        yield
+    finally:
+        thread.join(STALL + 10)
+
+
+async def test_requests_and_streams_answer_within_the_command_timeout(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    server = redis_server_factory("--enable-debug-command", "yes")
+    settings = make_settings("redis", server.url, key_prefix, redis_command_timeout_seconds=TIMEOUT)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=30) as client:
+            producer = await ProducerClient.claim(client)
+            ids = await producer.publish(("token", 1))
+            frames = []
+            async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+                stream = iter_frames(response)
+                async for frame in stream:
+                    if frame.id == ids[-1]:
+                        break
+                with stalled(server):
+                    started = time.monotonic()
+                    status = (await client.get(f"/v1/runs/{producer.run_id}")).status_code
+                    answered = time.monotonic() - started
+                    with anyio.fail_after(STALL - 1):
+                        async for frame in stream:
+                            frames.append(frame)
+                            if frame.event == "unavailable":
+                                break
+                    ended = time.monotonic() - started
+    assert status == 503 and answered < STALL - 2, (status, answered)
+    assert frames and frames[-1].event == "unavailable" and ended < STALL - 1
+
+
+async def test_session_routes_answer_within_the_command_timeout(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """Issue #25 item 6: the session store calls Redis through the bridge's boundary, so
+    its routes answer 503 within the command timeout too, and the session feed ends with
+    an `unavailable` frame that names no server address."""
+    server = redis_server_factory("--enable-debug-command", "yes")
+    settings = make_settings("redis", server.url, key_prefix, redis_command_timeout_seconds=TIMEOUT)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=30) as client:
+            producer = await ProducerClient.claim(client, session_id="stalled")
+            await producer.publish(("token", "a"))
+            frames = []
+            async with client.stream("GET", "/v1/sessions/stalled/stream") as response:
+                stream = iter_frames(response)
+                async for frame in stream:
+                    if frame.event == "token":
+                        break
+                await producer.end()  # the feed now waits for the next turn
+                async for frame in stream:
+                    if frame.event == "turn_end":
+                        break
+                with stalled(server):
+                    started = time.monotonic()
+                    turns = await client.get("/v1/sessions/stalled/turns")
+                    listed = await client.get("/v1/sessions")
+                    answered = time.monotonic() - started
+                    with anyio.fail_after(STALL - 1):
+                        async for frame in stream:
+                            frames.append(frame)
+                            if frame.event == "unavailable":
+                                break
+                    ended = time.monotonic() - started
+    assert (turns.status_code, listed.status_code) == (503, 503), (turns.text, listed.text)
+    assert answered < STALL - 2, answered
+    assert frames and frames[-1].event == "unavailable" and ended < STALL - 1
+    assert str(server.port) not in frames[-1].data.decode()
