@@ -27,29 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ...errors import BackendUnavailable, BridgeClosed
 from ...names import check_session_id
 from ...sessions.cursor import RETIRED as RETIRED_CURSOR
 from ...sessions.cursor import TURN_START, SessionCursor, parse_session_cursor
 from ...sessions.feed import FeedStep, Retired, TurnOpened, follow_session
 from ...values import End, Heartbeat, StreamEvent, StreamGap, encode_json
 from ..edge import access
-from ..edge.errors import public_detail
 from ..edge.observe import record_of
 from ..edge.routing import SSERoute
 from ..openapi import LAST_EVENT_ID, SSE, STREAM_ERRORS, Operation, Reply, document
 from ..responses import no_content
 from ..schemas import StreamQuery
 from ..state import GatewayState, gateway_state
-from ..streaming.frames import HEARTBEAT_FRAME, SHUTDOWN_FRAME, event_frame, gap_payload
-from ..streaming.sse import COALESCE_BYTES, Outcome, SSEResponse, StreamState, _Stream
+from ..streaming.frames import HEARTBEAT_FRAME, event_frame, gap_payload
+from ..streaming.sse import COALESCE_BYTES, Outcome, SSEResponse, _Stream
 from ..streaming.subscriptions import READER_KEY, SubscriptionRegistry
 from .subscriber import cursor_of
 
@@ -158,39 +156,15 @@ class SessionFeedResponse(SSEResponse):
                 if record is not None:
                     record.outcome, record.events_delivered = stream.outcome, stream.sent
 
-    async def _pump(  # type: ignore[override]
-        self, batches: AsyncIterator[FeedStep], send: Send, stream: _Stream
-    ) -> None:
-        """Read a step, write it; until the feed ends, a drain or a backend failure."""
-        while True:
-            if stream.draining:
-                if stream.expired:  # the reader's token expired: as the run stream ends
-                    frame = self._framing.token_expired()
-                    await self._last_frame(send, stream, frame, Outcome.TOKEN_EXPIRED)
-                else:
-                    await self._last_frame(send, stream, SHUTDOWN_FRAME, Outcome.DRAIN)
-                return
-            stream.state = StreamState.READING
-            try:
-                run_id, items = await anext(batches)
-            except StopAsyncIteration:
-                await self._last_frame(send, stream, b"", Outcome.END)
-                return
-            except (BackendUnavailable, BridgeClosed, OSError) as exc:
-                self._unavailable(exc)
-                # what a client may see of it (never the server's address)
-                frame = feed_unavailable_frame(self.session_id, public_detail(exc))
-                await self._last_frame(send, stream, frame, Outcome.UNAVAILABLE)
-                return
-            finally:
-                stream.state = StreamState.BUSY
-            if await self._write_step(send, stream, run_id, items):
-                return
+    def _unavailable_frame(self, detail: str) -> bytes | None:
+        return feed_unavailable_frame(self.session_id, detail)
 
-    async def _write_step(
-        self, send: Send, stream: _Stream, run_id: str | None, items: Sequence[Any]
+    async def _write_batch(  # type: ignore[override]
+        self, send: Send, stream: _Stream, batch: FeedStep
     ) -> bool:
-        """Write one step's frames; True when it ended the feed."""
+        """Write one step of the feed (the run it is in, its items); True when it ended
+        the feed. Its `End` is a turn's end (`turn_end`), not the response's."""
+        run_id, items = batch
         chunks: list[bytes] = []
         size = events = 0
         last_id: str | None = None

@@ -131,6 +131,7 @@ class SSEResponse(Response):
         self._send_timeout = send_timeout
         self._metrics = metrics
         self._resume = resume
+        self._count_first = resume == "cursor"  # a resume's outcome, from its first item
         self._expires_at = expires_at  # unix seconds: the reader's token expires then
         self._framing = framing
         self._request_id: str | None = None
@@ -263,11 +264,13 @@ class SSEResponse(Response):
                 stream.stop(Stop.DISCONNECT)
                 return
 
-    async def _pump(
-        self, batches: AsyncIterator[Sequence[StreamItem]], send: Send, stream: _Stream
-    ) -> None:
-        """Read a batch, write it; until a terminal item, a drain or a backend failure."""
-        first = self._resume == "cursor"
+    async def _pump(self, batches: AsyncIterator[Any], send: Send, stream: _Stream) -> None:
+        """Read a batch, write it; until a terminal item, a drain or a backend failure.
+
+        The one write loop of every SSE stream: a run's (any `Framing`) and the session
+        feed's, which differ only in how a batch becomes frames (`_write_batch`) and in
+        the `unavailable` frame (`_unavailable_frame`).
+        """
         while True:
             if stream.draining:
                 if stream.expired:
@@ -284,50 +287,57 @@ class SSEResponse(Response):
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
                 self._unavailable(exc)
-                detail = public_detail(exc)
-                await self._last_frame(
-                    send,
-                    stream,
-                    self._framing.unavailable(self.run_id, detail),
-                    Outcome.UNAVAILABLE,
-                )
+                # what a client may see of it: never the server's address
+                frame = self._unavailable_frame(public_detail(exc))
+                await self._last_frame(send, stream, frame, Outcome.UNAVAILABLE)
                 return
             finally:
                 stream.state = StreamState.BUSY
-            if first:
-                first = False
-                self._first_item(batch[0])
-            framing = self._framing
-            chunks: list[bytes] = []
-            size = events = 0
-            last_id: str | None = None
-            for item in batch:
-                if isinstance(item, StreamEvent):
-                    frame = framing.event(item)
-                    if not frame:
-                        continue  # not for this kind of stream
-                    events += 1
-                    last_id = item.id
-                elif isinstance(item, Heartbeat):
-                    frame = framing.heartbeat()
-                else:  # End or StreamGap: the last item, and the response's last write
-                    if isinstance(item, End):
-                        chunks.append(framing.end(item))
-                        stream.outcome = Outcome.END
-                    else:
-                        chunks.append(framing.gap(self.run_id, item))
-                        self._gap_served(item)
-                        stream.outcome = Outcome.GAP
-                    await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
-                    return
-                chunks.append(frame)
-                size += len(frame)
-                if size >= COALESCE_BYTES:
-                    await self._write(send, stream, b"".join(chunks), events, last_id, more=True)
-                    chunks, size, events, last_id = [], 0, 0, None
-            if chunks:
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                await self._write(send, stream, body, events, last_id, more=True)
+            if await self._write_batch(send, stream, batch):
+                return
+
+    def _unavailable_frame(self, detail: str) -> bytes | None:
+        return self._framing.unavailable(self.run_id, detail)
+
+    async def _write_batch(
+        self, send: Send, stream: _Stream, batch: Sequence[StreamItem]
+    ) -> bool:
+        """Write one batch of a run's items as one write; True when it ended the stream."""
+        if self._count_first:
+            self._count_first = False
+            self._first_item(batch[0])
+        framing = self._framing
+        chunks: list[bytes] = []
+        size = events = 0
+        last_id: str | None = None
+        for item in batch:
+            if isinstance(item, StreamEvent):
+                frame = framing.event(item)
+                if not frame:
+                    continue  # not for this kind of stream
+                events += 1
+                last_id = item.id
+            elif isinstance(item, Heartbeat):
+                frame = framing.heartbeat()
+            else:  # End or StreamGap: the last item, and the response's last write
+                if isinstance(item, End):
+                    chunks.append(framing.end(item))
+                    stream.outcome = Outcome.END
+                else:
+                    chunks.append(framing.gap(self.run_id, item))
+                    self._gap_served(item)
+                    stream.outcome = Outcome.GAP
+                await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
+                return True
+            chunks.append(frame)
+            size += len(frame)
+            if size >= COALESCE_BYTES:
+                await self._write(send, stream, b"".join(chunks), events, last_id, more=True)
+                chunks, size, events, last_id = [], 0, 0, None
+        if chunks:
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            await self._write(send, stream, body, events, last_id, more=True)
+        return False
 
     async def _last_frame(
         self, send: Send, stream: _Stream, frame: bytes | None, outcome: Outcome
