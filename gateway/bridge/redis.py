@@ -66,7 +66,15 @@ from . import rules
 from .base import one_by_one
 from .deadlines import CallDeadlines
 from .keys import RunKeys, check_prefix, run_keys
-from .redis_codec import Entry, LogRead, entry_item, flatten, is_end, parse_read
+from .redis_codec import (
+    Entry,
+    LogRead,
+    entry_item,
+    flatten,
+    is_end,
+    parse_log_read,
+    parse_read,
+)
 from .redis_fanout import RunFeed
 from .redis_notifier import Notifier, OneServer, Router
 from .redis_turns import Held, Turns
@@ -659,9 +667,30 @@ class RedisStreamBridge:
         )
 
     async def _read(self, keys: RunKeys, after: str) -> LogRead:
-        """`read.lua`: the entries after `after` ("-": from the start) and the bounds."""
-        reply: list[Any] = await self._script("read", keys.both, after, READ_BATCH, resend=True)
-        return parse_read(reply)
+        """The entries after `after` ("-": from the start) and the log's bounds, read
+        atomically, in one round trip.
+
+        On one server: a `MULTI` ... `EXEC` transaction of plain commands (the run
+        record's status fields, `XINFO STREAM`, `XRANGE`), written at once. `read.lua`
+        reads the same, but every entry it returns is converted to a Lua table and back,
+        which cost Redis about four times the `XRANGE` itself (a cold resume of 200
+        entries: ~500 µs of a ~640 µs script). A cluster's client routes `read.lua`.
+        """
+        if not self._turns.keeps_connections:
+            reply: list[Any] = await self._script("read", keys.both, after, READ_BATCH, resend=True)
+            return parse_read(reply)
+        command, replies = _read_transaction(keys, after)
+
+        async def run(held: Held) -> list[Any]:
+            return await held.execute_many(command, replies)
+
+        async with self._turns.connection() as held:
+            done = await self._attempts(lambda: run(held), True)
+        results = done[-1]  # EXEC's: the queued commands' replies, in order
+        info = results[1]
+        if isinstance(info, redis_errors.ResponseError) and "no such key" not in str(info):
+            raise _unavailable("Redis error", info)  # not a stream: as read.lua would fail
+        return parse_log_read(results[0], info, results[2] if len(results) > 2 else [])
 
     async def _refresh(self, feed: RunFeed) -> None:
         """Pull everything new since the feed's head into its window."""
@@ -831,6 +860,24 @@ class RedisStreamBridge:
             await self._turns.close()
         except (*_BACKEND_ERRORS, redis_errors.RedisError):
             pass
+
+
+_RECORD_FIELDS: Final = ("status", "err", "end_id", "last")
+_LAST_ID: Final = "18446744073709551615-18446744073709551615"  # nothing can follow it
+
+
+def _read_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
+    """The packed commands of one read (see `_read`) and how many replies they get."""
+    parts = [
+        pack("MULTI"),
+        pack("HMGET", keys.meta, *_RECORD_FIELDS),
+        pack("XINFO", "STREAM", keys.log),
+    ]
+    if after != _LAST_ID:  # (XRANGE refuses an exclusive start at the largest id)
+        start = "-" if after == "-" else f"({after}"
+        parts.append(pack("XRANGE", keys.log, start, "+", "COUNT", READ_BATCH))
+    parts.append(pack("EXEC"))
+    return b"".join(parts), len(parts)
 
 
 def _error_of(meta: dict[str, str]) -> Any:

@@ -146,6 +146,52 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
     )
 
 
+def _stream_info(info: Any) -> dict[bytes, Any]:
+    """XINFO STREAM's reply as a dict (a flat list in RESP2, a map in RESP3)."""
+    if isinstance(info, dict):
+        return {k if isinstance(k, bytes) else str(k).encode(): v for k, v in info.items()}
+    return dict(zip(info[::2], info[1::2], strict=False))
+
+
+def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any]) -> LogRead:
+    """The replies of the bridge's read transaction (`RedisStreamBridge._read`) as the
+    same `LogRead` `read.lua` gives: `record` HMGET status err end_id last of the run
+    record, `info` XINFO STREAM of the log (an error reply when there is no log), `raw`
+    the XRANGE from the reader's position."""
+    if isinstance(info, Exception):
+        status, error, end, last = (value or b"" for value in record)
+        return LogRead(
+            exists=False,
+            bounds=None,
+            entries=[],
+            tail=None,
+            status=as_text(status),
+            error=orjson.loads(error) if error else None,
+            end_id=as_text(end) or None,
+            last_event=parse_cursor(as_text(last)) if last else None,
+        )
+    fields = _stream_info(info)
+    first = fields.get(b"first-entry")
+    tail = fields.get(b"last-entry")
+    bounds = log_bounds(
+        int(fields[b"length"]),
+        int(fields[b"entries-added"]),
+        as_text(fields[b"max-deleted-entry-id"]),
+        as_text(fields[b"last-generated-id"]),
+        as_text(first[0]) if first else "",
+    )
+    return LogRead(
+        exists=True,
+        bounds=bounds,
+        entries=decode_entries(raw),
+        tail=entry_item(as_text(tail[0]), flatten(tail[1])) if tail else None,
+        status="",
+        error=None,
+        end_id=None,
+        last_event=None,
+    )
+
+
 class Push(NamedTuple):
     """A change notification that carries what was appended (see lua/publish.lua).
     (A tuple: one is made per notification, and a frozen dataclass costs three times as

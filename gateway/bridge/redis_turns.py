@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, ResponseError
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +144,22 @@ class Held:
         # (No health check: redis-py's is off here; the turns check what they hand out.)
         await connection.send_packed_command(packed, check_health=False)
         return await connection.read_response()
+
+    async def execute_many(self, packed: bytes, replies: int) -> list[Any]:
+        """Send several packed commands at once (one round trip: a `MULTI` ... `EXEC`
+        transaction) and return their `replies` raw replies. Every reply is read even when
+        one is an error (raised then, after the last), so none is left on the connection
+        for the next command."""
+        connection = self.connection or await self._turns._checkout(self)
+        await connection.send_packed_command(packed, check_health=False)
+        out: list[Any] = []
+        refused: ResponseError | None = None
+        for _ in range(replies):
+            try:
+                out.append(await connection.read_response())
+            except ResponseError as exc:
+                refused = refused or exc
+                out.append(exc)
+        if refused is not None:
+            raise refused
+        return out
