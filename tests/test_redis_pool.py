@@ -166,3 +166,69 @@ async def test_a_connection_the_server_closed_is_never_used_again(
         assert result.ids == (log[1][0].decode(),)
     finally:
         await raw.aclose()
+
+
+async def test_connections_follow_the_load_one_follower_and_a_producer_hold_four(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """The pool opens connections as concurrency needs them (a burst may open many, up to
+    its size) and closes those unused for `redis_idle_connection_seconds`: a gateway
+    whose load is one producer and one follower holds at most 4 Redis connections (its
+    scripts' and client calls', and the notifier's pub/sub one), counted by the server
+    (CLIENT LIST; the server is this test's alone)."""
+    settings = Settings(
+        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, redis_idle_connection_seconds=0.3
+    )
+    raw = Redis.from_url(fresh_redis.url, client_name="test-admin")
+
+    async def held() -> int:
+        return sum(1 for c in await raw.client_list() if c.get("name") != "test-admin")
+
+    try:
+        async with open_bridge(settings) as bridge:
+            ended = (await bridge.claim("burst", lease_seconds=60)).token
+            for n in range(5):
+                await bridge.publish("burst", "e", n, producer_token=ended)
+            await bridge.publish_end("burst", "success", producer_token=ended)
+
+            async def resume() -> None:
+                async for item in bridge.subscribe("burst", "0-0"):
+                    if isinstance(item, End):
+                        return
+
+            # A burst: 40 resumes and 40 run lookups at once.
+            async with anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(resume)
+                    tg.start_soon(bridge.get_run, "burst")
+            burst = await held()
+            assert burst > 8, burst  # it opened what the burst needed
+
+            token = (await bridge.claim("steady", lease_seconds=60)).token
+            got: list[str] = []
+
+            async def follow() -> None:
+                async for item in bridge.subscribe("steady"):
+                    if isinstance(item, End):
+                        return
+                    got.append(item.id)  # type: ignore[union-attr]
+
+            sent: list[str] = []
+            samples: list[int] = []
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(follow)
+                    # The steady load until the burst's connections are closed, then on.
+                    while len(samples) < 10:
+                        for _ in range(10):
+                            ids = (await bridge.publish("steady", "e", 0, producer_token=token)).ids
+                            sent.extend(ids)
+                            await anyio.sleep(0.005)  # the producer's pace, not a wait
+                        count = await held()
+                        if count <= 4 or samples:
+                            samples.append(count)
+                    await bridge.publish_end("steady", "success", producer_token=token)
+        assert max(samples) <= 4, (burst, samples)
+        assert got == sent
+    finally:
+        await raw.aclose()

@@ -232,6 +232,7 @@ class RedisStreamBridge:
         self._turns = Turns(
             settings.redis_max_connections,
             None if isinstance(commands, RedisCluster) else commands.connection_pool,
+            settings.redis_idle_connection_seconds,
         )
         self._scripts: dict[str, AsyncScript] = {
             name: commands.register_script(lua_source(name))
