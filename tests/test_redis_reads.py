@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from gateway.bridge.base import StreamBridge
@@ -18,6 +19,7 @@ from gateway.bridge.keys import run_keys
 from gateway.bridge.provider import open_bridge
 from gateway.settings import Settings
 from gateway.values import End, StreamEvent
+from tests.http_server import make_settings, serve
 from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -278,3 +280,36 @@ async def test_a_cold_resume_of_an_ended_run_is_one_transaction_of_plain_command
     for handshake in ("hello", "client|setinfo", "config|resetstat"):
         calls.pop(handshake, None)
     assert calls == {"multi": 1, "hmget": 1, "xinfo|stream": 1, "xrange": 1, "exec": 1}, calls
+
+
+async def test_a_cold_sse_resume_costs_one_round_trip_record_bounds_and_entries(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """Over HTTP the route checks the run (404/403) before it streams: the run record
+    and the subscription's first read come from one transaction (`open_stream`), so a
+    gateway that never saw the run answers a resume of an ended run with one round trip
+    to Redis: no lookup before the read, no script, no subscription."""
+    settings = make_settings("redis", fresh_redis.url, key_prefix)
+    async with open_bridge(settings) as writer:
+        ids = await _ended_run(writer, "cold-http", 50)
+    with serve(settings, "redis") as server, fresh_redis.client() as raw:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            await http.get("/healthz")  # the server is up; its startup calls are done
+            raw.config_resetstat()
+            got: list[str] = []
+            with anyio.fail_after(10):
+                headers = {"Last-Event-ID": ids[19]}
+                async with http.stream("GET", "/v1/runs/cold-http/stream", headers=headers) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            got.append(line[4:])
+                        if line.startswith("event: end"):
+                            break
+            stats = raw.info("commandstats")
+    assert got[: len(ids) - 20] == ids[20:]
+    calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+    for handshake in ("hello", "client|setinfo", "config|resetstat"):
+        calls.pop(handshake, None)
+    expected = {"multi": 1, "hgetall": 1, "xinfo|stream": 1, "xrevrange": 1, "xrange": 1}
+    assert calls == {**expected, "exec": 1}, calls

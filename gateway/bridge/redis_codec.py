@@ -146,7 +146,7 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
     )
 
 
-def _stream_info(info: Any) -> dict[bytes, Any]:
+def stream_info(info: Any) -> dict[bytes, Any]:
     """XINFO STREAM's reply as a dict (a flat list in RESP2, a map in RESP3)."""
     if isinstance(info, dict):
         return {k if isinstance(k, bytes) else str(k).encode(): v for k, v in info.items()}
@@ -170,7 +170,7 @@ def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any]) -> LogR
             end_id=as_text(end) or None,
             last_event=parse_cursor(as_text(last)) if last else None,
         )
-    fields = _stream_info(info)
+    fields = stream_info(info)
     first = fields.get(b"first-entry")
     tail = fields.get(b"last-entry")
     bounds = log_bounds(
