@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import anyio
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -15,6 +16,7 @@ from gateway.bridge.provider import open_bridge
 from gateway.sessions.provider import session_store_for
 from gateway.settings import Settings
 from gateway.values import End
+from tests.http_server import make_settings, serve
 from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -232,3 +234,71 @@ async def test_connections_follow_the_load_one_follower_and_a_producer_hold_four
         assert got == sent
     finally:
         await raw.aclose()
+
+
+def test_a_gateway_serving_one_follower_and_one_producer_holds_four_connections(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """The same over HTTP: a gateway (its bridge, session store and notifier) that served
+    a burst of lookups, then one SSE follower and one producer POSTing tokens, holds at
+    most 4 Redis connections (CLIENT LIST on a private server; this test's own client is
+    named and left out)."""
+    settings = make_settings(
+        "redis", fresh_redis.url, key_prefix, redis_idle_connection_seconds=0.3
+    )
+
+    async def scenario(base_url: str, raw: Redis) -> tuple[int, list[int], int, int]:
+        async def held() -> int:
+            return sum(1 for c in await raw.client_list() if c.get("name") != "test-admin")
+
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=base_url, timeout=10, limits=limits) as http:
+            claimed = await http.post("/v1/runs", json={"run_id": "http-steady"})
+            headers = {"X-Producer-Token": claimed.json()["producer_token"]}
+            async with anyio.create_task_group() as tg:
+                for _ in range(60):
+                    tg.start_soon(http.get, "/v1/runs/http-steady")
+            burst = await held()
+            received = 0
+
+            async def follow() -> None:
+                nonlocal received
+                async with http.stream("GET", "/v1/runs/http-steady/stream") as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("event: end"):
+                            return
+                        received += line.startswith("event: token")
+
+            sent, samples = 0, []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                while len(samples) < 10:
+                    for _ in range(10):
+                        await http.post(
+                            "/v1/runs/http-steady/events",
+                            json={"event": "token", "data": sent},
+                            headers=headers,
+                        )
+                        sent += 1
+                        await anyio.sleep(0.005)  # the producer's pace, not a wait
+                    count = await held()
+                    if count <= 4 or samples:
+                        samples.append(count)
+                await http.post(
+                    "/v1/runs/http-steady/end", json={"status": "success"}, headers=headers
+                )
+        return burst, samples, sent, received
+
+    async def run() -> tuple[int, list[int], int, int]:
+        raw = Redis.from_url(fresh_redis.url, client_name="test-admin")
+        try:
+            with anyio.fail_after(30):
+                return await scenario(server.base_url, raw)
+        finally:
+            await raw.aclose()
+
+    with serve(settings, "redis") as server:
+        burst, samples, sent, received = anyio.run(run)
+    assert burst > 4, burst  # the burst needed more than the steady load does
+    assert max(samples) <= 4, (burst, samples)
+    assert received == sent
