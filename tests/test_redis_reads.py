@@ -313,3 +313,53 @@ async def test_a_cold_sse_resume_costs_one_round_trip_record_bounds_and_entries(
         calls.pop(handshake, None)
     expected = {"multi": 1, "hgetall": 1, "xinfo|stream": 1, "xrevrange": 1, "xrange": 1}
     assert calls == {**expected, "exec": 1}, calls
+
+
+async def test_a_cold_resume_of_a_live_run_has_its_replay_before_it_subscribes(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """On a gateway that never saw the run, the replay of a live run comes from the
+    one transaction (`open_stream`) with no subscription before it: when its first batch
+    is handed over, the run's channel has no subscriber yet and nothing but that
+    transaction reached Redis. The reader subscribes when it asks for more, and then
+    follows the run."""
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as writer:
+        claim = await writer.claim("warm", lease_seconds=60)
+        ids = [
+            (await writer.publish("warm", "token", n, producer_token=claim.token)).ids[0]
+            for n in range(20)
+        ]
+        async with open_bridge(settings) as bridge:  # the fresh process
+            channel = run_keys(key_prefix, "warm").log
+            with fresh_redis.client() as raw:
+                raw.config_resetstat()
+                info, subscribe = await bridge.open_stream("warm", ids[4])
+                batches = subscribe()
+                with anyio.fail_after(5):
+                    first = await anext(batches)
+                stats = raw.info("commandstats")
+                subscribers = raw.pubsub_shardnumsub(channel)[0][1]
+            assert info is not None and info.last_event_id == ids[-1]
+            assert [item.id for item in first] == ids[5:]  # type: ignore[union-attr]
+            assert subscribers == 0
+            calls = {name.removeprefix("cmdstat_") for name in stats}
+            assert calls - {"hello", "client|setinfo", "config|resetstat"} == {
+                "multi",
+                "hgetall",
+                "xinfo|stream",
+                "xrevrange",
+                "xrange",
+                "exec",
+            }, stats
+            try:
+                with anyio.fail_after(5):
+                    nxt = asyncio.ensure_future(anext(batches))
+                    await _subscribed(fresh_redis, channel)
+                    (later,) = (
+                        await writer.publish("warm", "token", 20, producer_token=claim.token)
+                    ).ids
+                    got = [item for item in await nxt if isinstance(item, StreamEvent)]
+            finally:
+                await batches.aclose()
+    assert [item.id for item in got] == [later]
