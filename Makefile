@@ -31,7 +31,8 @@ check: bootstrap lint types test
 # measured in the same run. bench/sse_load.py and bench/baselines.py are helpers, not
 # benches. Full-length runs: call a script without --quick (see BENCHMARKS.md).
 BENCH_SCRIPTS := bridge_publish publish_call bridge_fanout bridge_resume sse_memory sse_redis sse_idle sse_reconnect \
-	http_publish producer_client sse_sweep sessions_index cluster_notifications workers
+	http_publish producer_client sse_sweep sessions_index cluster_notifications workers \
+	redis_connections
 
 bench: bootstrap
 	@$(VENV)/python -c "import matplotlib, pyinstrument" 2>/dev/null || \

@@ -162,6 +162,11 @@ class Settings(BaseSettings):
         description="Connections in the Redis pool of one process; callers beyond it "
         "wait their turn, first come first served.",
     )
+    redis_idle_connection_seconds: Seconds = Field(
+        10.0,
+        description="A pooled Redis connection unused for this long is closed: the pool "
+        "opens connections as concurrency needs them and holds what the load needs.",
+    )
     redis_command_timeout_seconds: Seconds = Field(
         5.0,
         description="Every Redis operation of a request or stream, retries included, "

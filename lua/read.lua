@@ -7,6 +7,11 @@
 -- max-deleted-entry-id (see publish.lua), and entries-added > length says the log
 -- dropped entries itself.
 --
+-- On one server the bridge reads the same in one MULTI/EXEC of plain commands instead
+-- (`RedisStreamBridge._read`, `_open_transaction`): a script's reply converts every entry
+-- to a Lua table and back, several times the XRANGE's own cost. This script is the
+-- cluster's read (its client routes a script to the slot's node); keep the two alike.
+--
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  read entries after this id ("-" for from the start)
 -- ARGV[2]  at most this many entries

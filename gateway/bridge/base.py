@@ -12,7 +12,7 @@ the garbage collector gets to it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
 import anyio
@@ -120,6 +120,15 @@ class StreamBridge(Protocol):
 
     async def get_run(self, run_id: str) -> RunInfo | None:
         """The run record, or None when the run is unknown."""
+        ...
+
+    async def open_stream(
+        self, run_id: str, last_event_id: str | None = None
+    ) -> tuple[RunInfo | None, Callable[[], AsyncGenerator[Sequence[StreamItem], None]]]:
+        """`get_run`, and what `subscribe_batches(run_id, last_event_id)` would give
+        (call it at most once), for a reader that checks the run before it streams: on
+        Redis both come from one round trip (the record and the subscription's first
+        read). Not calling it costs nothing."""
         ...
 
     async def stream_exists(self, run_id: str) -> bool: ...

@@ -22,6 +22,7 @@ producer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import secrets
 import time
@@ -529,6 +530,13 @@ class MemoryStreamBridge:
             return False
         run.cancel_requested = True
         return True
+
+    async def open_stream(
+        self, run_id: str, last_event_id: str | None = None
+    ) -> tuple[RunInfo | None, Callable[[], AsyncGenerator[Sequence[StreamItem], None]]]:
+        # In process, the record and the log are read when asked for: nothing to share.
+        info = await self.get_run(run_id)
+        return info, functools.partial(self.subscribe_batches, run_id, last_event_id)
 
     async def get_run(self, run_id: str) -> RunInfo | None:
         self._check_open()

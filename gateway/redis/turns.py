@@ -14,18 +14,26 @@ on it directly. Kept connections stay checked out of the pool, so the pool could
 for a caller that uses the client itself; such a turn first gives back an idle kept
 connection whenever kept ones and pool turns together would exceed the pool's size.
 (Kept connections in use and pool turns together never do: they hold turns.)
+
+Connections follow the load: both kinds are opened only when every open one is busy
+(redis-py's pool makes one when its free list is empty; a script turn takes the kept one
+used last), and a connection unused for `idle_seconds` is closed, checked at the end of
+a turn at most every `idle_seconds / 4` (`_close_idle`). So a burst (a storm of
+resumes) may open up to the pool's size, and afterwards the process holds what its
+steady load uses: one follower and one producer, two or three.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from types import TracebackType
 from typing import Any
 
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, ResponseError
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +43,21 @@ class Turns:
     for a script sent on a kept connection (`pool`: None on a cluster, where scripts go
     through the cluster client, which routes them)."""
 
-    def __init__(self, size: int, pool: ConnectionPool | None = None) -> None:
+    def __init__(
+        self, size: int, pool: ConnectionPool | None = None, idle_seconds: float = 10.0
+    ) -> None:
         self._size = size
         self._pool = pool
         self._semaphore = asyncio.Semaphore(size)
+        # Idle kept connections, the last one kept last (taken first), with the time each
+        # was kept: the oldest are the ones the load no longer needs.
         self._idle: list[AbstractConnection] = []
+        self._idle_since: list[float] = []
         self._kept = 0  # kept connections, idle or in use
         self._pooled = 0  # turns of callers of the client
+        self._idle_seconds = idle_seconds
+        self._next_check = time.monotonic() + idle_seconds / 4
+        self._checking = False
 
     @property
     def keeps_connections(self) -> bool:
@@ -52,6 +68,7 @@ class Turns:
         self._pooled += 1
         try:
             while self._kept + self._pooled > self._size and self._idle:
+                self._idle_since.pop()
                 await self._give_back(self._idle.pop())
         except BaseException:
             self._leave_pool()
@@ -75,10 +92,45 @@ class Turns:
         traceback: TracebackType | None,
     ) -> None:
         self._leave_pool()
+        if time.monotonic() >= self._next_check:
+            await self._close_idle()
 
     def _leave_pool(self) -> None:
         self._pooled -= 1
         self._semaphore.release()
+
+    def _keep(self, connection: AbstractConnection) -> None:
+        self._idle.append(connection)
+        self._idle_since.append(time.monotonic())
+
+    async def _close_idle(self) -> None:
+        """Close the connections (kept, and the pool's free ones) unused for
+        `idle_seconds`. Called as a turn ends, at most every `idle_seconds / 4`: no
+        timer, and a process that makes no call at all has none to close."""
+        if self._checking or self._pool is None:
+            return
+        self._checking = True
+        now = time.monotonic()
+        self._next_check = now + self._idle_seconds / 4
+        before = now - self._idle_seconds
+        stale = 0
+        while stale < len(self._idle_since) and self._idle_since[stale] < before:
+            stale += 1  # oldest first: those kept longest ago
+        doomed = self._idle[:stale]
+        del self._idle[:stale], self._idle_since[:stale]
+        self._kept -= stale
+        try:
+            # (The pool's: `CheckedPool.take_idle`, when it is one.)
+            take_idle = getattr(self._pool, "take_idle", None)
+            if take_idle is not None:
+                doomed += await take_idle(before)
+        finally:
+            self._checking = False
+            for connection in doomed:  # out of every list already: no one else has it
+                try:
+                    await asyncio.shield(connection.disconnect(nowait=True))
+                except (ConnectionError, OSError) as exc:
+                    log.info("closing an idle Redis connection failed: %s", exc)
 
     def connection(self) -> Held:
         """A turn that sends its commands on a kept connection of its own:
@@ -89,6 +141,7 @@ class Turns:
     async def close(self) -> None:
         """Close the idle kept connections (the bridge closes its pool first; this is
         for a script that reconnected one on its way out)."""
+        self._idle_since.clear()
         while self._idle:
             await self._idle.pop().disconnect(nowait=True)
 
@@ -98,6 +151,7 @@ class Turns:
         the server closed, holding unread data or marked to reconnect connects anew)."""
         assert self._pool is not None
         if self._idle:
+            self._idle_since.pop()
             connection = held.connection = self._idle.pop()
             await self._pool.ensure_connection(connection)
             return connection
@@ -132,10 +186,13 @@ class Held:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        turns = self._turns
         if self.connection is not None:
-            self._turns._idle.append(self.connection)
+            turns._keep(self.connection)
             self.connection = None
-        self._turns._semaphore.release()
+        turns._semaphore.release()
+        if time.monotonic() >= turns._next_check:
+            await turns._close_idle()
 
     async def execute(self, packed: bytes) -> Any:
         """Send one packed command (`wire.pack`) and return its raw reply (an error
@@ -144,3 +201,22 @@ class Held:
         # (No health check: redis-py's is off here; the turns check what they hand out.)
         await connection.send_packed_command(packed, check_health=False)
         return await connection.read_response()
+
+    async def execute_many(self, packed: bytes, replies: int) -> list[Any]:
+        """Send several packed commands at once (one round trip: a `MULTI` ... `EXEC`
+        transaction) and return their `replies` raw replies. Every reply is read even when
+        one is an error (raised then, after the last), so none is left on the connection
+        for the next command."""
+        connection = self.connection or await self._turns._checkout(self)
+        await connection.send_packed_command(packed, check_health=False)
+        out: list[Any] = []
+        refused: ResponseError | None = None
+        for _ in range(replies):
+            try:
+                out.append(await connection.read_response())
+            except ResponseError as exc:
+                refused = refused or exc
+                out.append(exc)
+        if refused is not None:
+            raise refused
+        return out

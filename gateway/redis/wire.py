@@ -11,6 +11,8 @@ way redis-py packs it. A script call is packed once (`pack`) and sent as it is.
 
 from __future__ import annotations
 
+import time
+import weakref
 from typing import Any
 
 import hiredis
@@ -54,7 +56,34 @@ class CheckedPool(ConnectionPool):
     out and its command failed (a 503, as a write is never re-sent). `ensure_connection`
     is the pool's public hook for the check; the connections the bridge keeps for its
     scripts (`turns.py`) go through it too. `can_read` does no I/O.
+
+    It also notes when each connection came back (`release`), so that the turns can take
+    the ones unused for a while out of it (`take_idle`): the pool opens connections as
+    concurrency needs them (redis-py's does), and no longer keeps every one a burst
+    opened.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._returned: weakref.WeakKeyDictionary[AbstractConnection, float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def release(self, connection: AbstractConnection) -> None:
+        self._returned[connection] = time.monotonic()
+        await super().release(connection)
+
+    async def take_idle(self, before: float) -> list[AbstractConnection]:
+        """Take out of the pool the free connections returned before `before` (monotonic
+        seconds); the caller disconnects them. (redis-py's pool has no public way to
+        shrink: its free list and its lock are its own attributes.)"""
+        async with self._lock:
+            free = self._available_connections
+            idle = [c for c in free if self._returned.get(c, before) < before]
+            if idle:
+                gone = {id(c) for c in idle}
+                self._available_connections = [c for c in free if id(c) not in gone]
+        return idle
 
     async def ensure_connection(self, connection: AbstractConnection) -> None:
         if connection.is_connected:

@@ -1531,3 +1531,78 @@ async def test_redis_live_owner_write_recreates_a_missing_stream(
         await bridge.publish_end(run_id, "success", producer_token=claim.token)
         items = await read_all(bridge, run_id)
         assert event_ids(items) == list(res.ids) and only_end(items).status == "success"
+
+
+# ---------------------------------------------------------------------------------------
+# open_stream: the run record and the subscription of a reader that checks the run first
+# ---------------------------------------------------------------------------------------
+
+
+async def _opened(
+    bridge: StreamBridge, run_id: str, cursor: str | None
+) -> tuple[Any, list[StreamItem]]:
+    """`open_stream`'s record, and its subscription's items through the terminal one."""
+    info, subscribe = await bridge.open_stream(run_id, cursor)
+    items: list[StreamItem] = []
+    batches = subscribe()
+    try:
+        async for batch in batches:
+            items.extend(batch)
+            if is_terminal(batch[-1]):
+                break
+    finally:
+        await batches.aclose()
+    return info, items
+
+
+async def test_open_stream_gives_get_runs_record_and_subscribes_items(
+    small: StreamBridge,
+) -> None:
+    """Same record as `get_run`, same items as `subscribe` with the same cursor: from a
+    cursor, from the start, a malformed cursor, and behind the log's floor (a gap)."""
+    bridge = small
+    with anyio.fail_after(TIMEOUT):
+        run_id, claim, ids = await new_run(bridge, 4)
+        await bridge.publish_end(run_id, "success", producer_token=claim.token)
+        for cursor in (ids[2], None, "not-a-cursor", ids[-1]):
+            info, items = await _opened(bridge, run_id, cursor)
+            assert info == await bridge.get_run(run_id)
+            assert items == await read_all(bridge, run_id, cursor), cursor
+        trimmed, _, old, _ = await trimmed_run(bridge, end=True)
+        info, items = await _opened(bridge, trimmed, old[0])
+        assert info == await bridge.get_run(trimmed)
+        assert items == await read_all(bridge, trimmed, old[0])
+        assert isinstance(items[0], StreamGap)
+        unknown, _ = await bridge.open_stream(new_run_id(), ids[0])
+        assert unknown is None
+        # The log removed, the record left: read from the record (END at the last event,
+        # a gap before it).
+        await bridge.cleanup(run_id)
+        for cursor in (ids[-1], ids[0]):
+            info, items = await _opened(bridge, run_id, cursor)
+            assert info == await bridge.get_run(run_id)
+            assert items == await read_all(bridge, run_id, cursor), cursor
+            assert isinstance(items[0], End if cursor == ids[-1] else StreamGap), items
+
+
+async def test_open_stream_of_a_live_run_replays_then_follows(bridge: StreamBridge) -> None:
+    with anyio.fail_after(TIMEOUT):
+        run_id, claim, ids = await new_run(bridge, 5)
+        info, subscribe = await bridge.open_stream(run_id, ids[1])
+        assert info is not None and info.last_event_id == ids[-1] and not info.ended
+        # Written between the record's read and the subscription's start: not missed.
+        (between,) = (await bridge.publish(run_id, TOK, {"i": 5}, producer_token=claim.token)).ids
+        batches = subscribe()
+        got: list[StreamItem] = []
+        try:
+            while len(events(got)) < 4:
+                got.extend(await anext(batches))
+            assert event_ids(got) == [*ids[2:], between]
+            (live,) = (await bridge.publish(run_id, TOK, {"i": 6}, producer_token=claim.token)).ids
+            await bridge.publish_end(run_id, "success", producer_token=claim.token)
+            while not is_terminal(got[-1]):
+                got.extend(item for item in await anext(batches) if not is_hb(item))
+        finally:
+            await batches.aclose()
+        assert event_ids(got) == [*ids[2:], between, live]
+        assert only_end(got).status == "success"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import anyio
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -15,6 +16,7 @@ from gateway.bridge.provider import open_bridge
 from gateway.sessions.provider import session_store_for
 from gateway.settings import Settings
 from gateway.values import End
+from tests.support.http_server import make_settings, serve
 from tests.support.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -166,3 +168,141 @@ async def test_a_connection_the_server_closed_is_never_used_again(
         assert result.ids == (log[1][0].decode(),)
     finally:
         await raw.aclose()
+
+
+async def test_connections_follow_the_load_one_follower_and_a_producer_hold_four(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """The pool opens connections as concurrency needs them (a burst may open many, up to
+    its size) and closes those unused for `redis_idle_connection_seconds`: a gateway
+    whose load is one producer and one follower holds at most 4 Redis connections (its
+    scripts' and client calls', and the notifier's pub/sub one), counted by the server
+    (CLIENT LIST; the server is this test's alone)."""
+    settings = Settings(
+        redis_url=fresh_redis.url, redis_key_prefix=key_prefix, redis_idle_connection_seconds=0.3
+    )
+    raw = Redis.from_url(fresh_redis.url, client_name="test-admin")
+
+    async def held() -> int:
+        return sum(1 for c in await raw.client_list() if c.get("name") != "test-admin")
+
+    try:
+        async with open_bridge(settings) as bridge:
+            ended = (await bridge.claim("burst", lease_seconds=60)).token
+            for n in range(5):
+                await bridge.publish("burst", "e", n, producer_token=ended)
+            await bridge.publish_end("burst", "success", producer_token=ended)
+
+            async def resume() -> None:
+                async for item in bridge.subscribe("burst", "0-0"):
+                    if isinstance(item, End):
+                        return
+
+            # A burst: 40 resumes and 40 run lookups at once.
+            async with anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(resume)
+                    tg.start_soon(bridge.get_run, "burst")
+            burst = await held()
+            assert burst > 8, burst  # it opened what the burst needed
+
+            token = (await bridge.claim("steady", lease_seconds=60)).token
+            got: list[str] = []
+
+            async def follow() -> None:
+                async for item in bridge.subscribe("steady"):
+                    if isinstance(item, End):
+                        return
+                    got.append(item.id)  # type: ignore[union-attr]
+
+            sent: list[str] = []
+            samples: list[int] = []
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(follow)
+                    # The steady load until the burst's connections are closed, then on.
+                    while len(samples) < 10:
+                        for _ in range(10):
+                            ids = (await bridge.publish("steady", "e", 0, producer_token=token)).ids
+                            sent.extend(ids)
+                            await anyio.sleep(0.005)  # the producer's pace, not a wait
+                        count = await held()
+                        if count <= 4 or samples:
+                            samples.append(count)
+                    await bridge.publish_end("steady", "success", producer_token=token)
+        assert max(samples) <= 4, (burst, samples)
+        assert got == sent
+    finally:
+        await raw.aclose()
+
+
+def test_a_gateway_serving_one_follower_and_one_producer_holds_four_connections(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """The same over HTTP: a gateway (its bridge, session store and notifier) that served
+    a burst of lookups, then one SSE follower and one producer POSTing tokens, holds at
+    most 4 Redis connections (CLIENT LIST on a private server; this test's own clients
+    are left out)."""
+    settings = make_settings(
+        "redis", fresh_redis.url, key_prefix, redis_idle_connection_seconds=0.3
+    )
+
+    async def steady(base_url: str, raw: Redis) -> tuple[list[int], int, int]:
+        async def held() -> int:
+            return sum(1 for c in await raw.client_list() if c.get("name") != "test-admin")
+
+        async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+            claimed = await http.post("/v1/runs", json={"run_id": "http-steady"})
+            headers = {"X-Producer-Token": claimed.json()["producer_token"]}
+            received = 0
+
+            async def follow() -> None:
+                nonlocal received
+                async with http.stream("GET", "/v1/runs/http-steady/stream") as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("event: end"):
+                            return
+                        received += line.startswith("event: token")
+
+            sent, samples = 0, []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                while len(samples) < 10:
+                    for _ in range(10):
+                        await http.post(
+                            "/v1/runs/http-steady/events",
+                            json={"event": "token", "data": sent},
+                            headers=headers,
+                        )
+                        sent += 1
+                        await anyio.sleep(0.005)  # the producer's pace, not a wait
+                    count = await held()
+                    if count <= 4 or samples:
+                        samples.append(count)
+                await http.post(
+                    "/v1/runs/http-steady/end", json={"status": "success"}, headers=headers
+                )
+        return samples, sent, received
+
+    async def run() -> tuple[list[int], int, int]:
+        raw = Redis.from_url(fresh_redis.url, client_name="test-admin")
+        try:
+            with anyio.fail_after(30):
+                return await steady(server.base_url, raw)
+        finally:
+            await raw.aclose()
+
+    with serve(settings, "redis") as server, fresh_redis.client() as admin:
+
+        async def burst() -> None:
+            # On the server's loop, all at once: each takes a connection of its own.
+            async with anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(server.state.bridge.get_run, "nothing-here")
+
+        server.call(burst)
+        opened = len(admin.client_list()) - 1  # (this client's own)
+        samples, sent, received = anyio.run(run)
+    assert opened > 4, opened  # the burst needed more than the steady load does
+    assert max(samples) <= 4, (opened, samples)
+    assert received == sent

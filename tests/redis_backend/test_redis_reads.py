@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from gateway.bridge.base import StreamBridge
@@ -18,6 +19,7 @@ from gateway.bridge.provider import open_bridge
 from gateway.redis.keys import run_keys
 from gateway.settings import Settings
 from gateway.values import End, StreamEvent
+from tests.support.http_server import make_settings, serve
 from tests.support.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -208,14 +210,17 @@ async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(
         with fresh_redis.client() as raw:
             raw.config_resetstat()
             await asyncio.sleep(0.5)  # the span observed: a follower with nothing to read
-            reads = raw.info("commandstats").get("cmdstat_xinfo|stream", {}).get("calls", 0)
+            # One transaction per read (`RedisStreamBridge._read`).
+            reads = raw.info("commandstats").get("cmdstat_exec", {}).get("calls", 0)
         assert not first.done()
         ids = (await bridge.publish("quiet", "token", 1, producer_token=claim.token)).ids
         with anyio.fail_after(5):
             item = await first
         await subscription.aclose()
     assert isinstance(item, StreamEvent) and item.id == ids[0]
-    assert reads <= 2, reads  # its first look (and the feed's), then it waits
+    # Its first look, the feed's once subscribed, its own again (the first found no log,
+    # so its position is not yet checked), then it waits: a poller would read on.
+    assert reads <= 3, reads
 
 
 async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
@@ -243,3 +248,118 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
                 await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
             decided = reader.decide(await bridge._read(keys, reader.after))  # its first read
             assert isinstance(decided, rules.Bounds), decided  # behind the floor: a gap
+
+
+async def test_a_cold_resume_of_an_ended_run_is_one_transaction_of_plain_commands(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """A gateway that never saw the run (a fresh process behind a load balancer) resumes
+    it in one round trip: one MULTI ... EXEC with the run record's status, the log's
+    bounds and the missed entries; no script (a script's reply converts every entry to a
+    Lua table and back: several times the XRANGE's own cost), no subscription, no other
+    command. Counted by Redis itself (INFO commandstats), so the count is exact."""
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=key_prefix)
+    async with open_bridge(settings) as writer:
+        ids = await _ended_run(writer, "cold", 300)
+    async with open_bridge(settings) as bridge:  # the fresh process
+        with fresh_redis.client() as raw:
+            raw.config_resetstat()
+            got: list[str] = []
+            subscription = bridge.subscribe("cold", ids[99])
+            async for item in subscription:
+                if isinstance(item, End):
+                    break
+                assert isinstance(item, StreamEvent)
+                got.append(item.id)
+            await subscription.aclose()
+            stats = raw.info("commandstats")
+    assert got == ids[100:]
+    calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+    # What a new pool connection sends once, before its first command, is not the
+    # resume's: redis-py's handshake (HELLO, CLIENT SETINFO where Redis knows it).
+    for handshake in ("hello", "client|setinfo", "config|resetstat"):
+        calls.pop(handshake, None)
+    assert calls == {"multi": 1, "hmget": 1, "xinfo|stream": 1, "xrange": 1, "exec": 1}, calls
+
+
+async def test_a_cold_sse_resume_costs_one_round_trip_record_bounds_and_entries(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """Over HTTP the route checks the run (404/403) before it streams: the run record
+    and the subscription's first read come from one transaction (`open_stream`), so a
+    gateway that never saw the run answers a resume of an ended run with one round trip
+    to Redis: no lookup before the read, no script, no subscription."""
+    settings = make_settings("redis", fresh_redis.url, key_prefix)
+    async with open_bridge(settings) as writer:
+        ids = await _ended_run(writer, "cold-http", 50)
+    with serve(settings, "redis") as server, fresh_redis.client() as raw:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            await http.get("/healthz")  # the server is up; its startup calls are done
+            raw.config_resetstat()
+            got: list[str] = []
+            with anyio.fail_after(10):
+                headers = {"Last-Event-ID": ids[19]}
+                async with http.stream("GET", "/v1/runs/cold-http/stream", headers=headers) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            got.append(line[4:])
+                        if line.startswith("event: end"):
+                            break
+            stats = raw.info("commandstats")
+    assert got[: len(ids) - 20] == ids[20:]
+    calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+    for handshake in ("hello", "client|setinfo", "config|resetstat"):
+        calls.pop(handshake, None)
+    expected = {"multi": 1, "hgetall": 1, "xinfo|stream": 1, "xrevrange": 1, "xrange": 1}
+    assert calls == {**expected, "exec": 1}, calls
+
+
+async def test_a_cold_resume_of_a_live_run_has_its_replay_before_it_subscribes(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """On a gateway that never saw the run, the replay of a live run comes from the
+    one transaction (`open_stream`) with no subscription before it: when its first batch
+    is handed over, the run's channel has no subscriber yet and nothing but that
+    transaction reached Redis. The reader subscribes when it asks for more, and then
+    follows the run."""
+    settings = _quiet(fresh_redis, key_prefix)
+    async with open_bridge(settings) as writer:
+        claim = await writer.claim("warm", lease_seconds=60)
+        ids = [
+            (await writer.publish("warm", "token", n, producer_token=claim.token)).ids[0]
+            for n in range(20)
+        ]
+        async with open_bridge(settings) as bridge:  # the fresh process
+            channel = run_keys(key_prefix, "warm").log
+            with fresh_redis.client() as raw:
+                raw.config_resetstat()
+                info, subscribe = await bridge.open_stream("warm", ids[4])
+                batches = subscribe()
+                with anyio.fail_after(5):
+                    first = await anext(batches)
+                stats = raw.info("commandstats")
+                subscribers = raw.pubsub_shardnumsub(channel)[0][1]
+            assert info is not None and info.last_event_id == ids[-1]
+            assert [item.id for item in first] == ids[5:]  # type: ignore[union-attr]
+            assert subscribers == 0
+            calls = {name.removeprefix("cmdstat_") for name in stats}
+            assert calls - {"hello", "client|setinfo", "config|resetstat"} == {
+                "multi",
+                "hgetall",
+                "xinfo|stream",
+                "xrevrange",
+                "xrange",
+                "exec",
+            }, stats
+            try:
+                with anyio.fail_after(5):
+                    nxt = asyncio.ensure_future(anext(batches))
+                    await _subscribed(fresh_redis, channel)
+                    (later,) = (
+                        await writer.publish("warm", "token", 20, producer_token=claim.token)
+                    ).ids
+                    got = [item for item in await nxt if isinstance(item, StreamEvent)]
+            finally:
+                await batches.aclose()
+    assert [item.id for item in got] == [later]

@@ -7,6 +7,7 @@ is looked up (404 unknown, 403 when the credentials do not cover it).
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -19,7 +20,7 @@ from ...bridge.base import close_subscription
 from ...cursor import MalformedCursor, parse_cursor
 from ...errors import BridgeClosed, Forbidden, GatewayError, RunNotFound
 from ...names import check_run_id
-from ...values import End, RunInfo, StreamEvent, StreamGap
+from ...values import End, RunInfo, StreamEvent, StreamGap, StreamItem
 from ..edge import access
 from ..edge.auth import Principal
 from ..edge.bodies import require_json
@@ -54,7 +55,11 @@ MAX_WAIT_SECONDS: Final = 300.0
 
 async def lookup(state: GatewayState, principal: Principal, run_id: str) -> RunInfo:
     """The run record, if the reader may see it: 404 unknown, 403 not covered."""
-    info = await state.bridge.get_run(run_id)
+    return readable(principal, run_id, await state.bridge.get_run(run_id))
+
+
+def readable(principal: Principal, run_id: str, info: RunInfo | None) -> RunInfo:
+    """`info` if the reader may see the run: 404 unknown, 403 not covered."""
     if info is None:
         if principal.may_read_run(run_id, None):
             raise RunNotFound(f"run {run_id} not found")
@@ -93,6 +98,7 @@ def sse_response(
     extra_headers: tuple[tuple[bytes, bytes], ...] = (),
     framing: Framing = RUN,
     expires_at: float | None = None,
+    subscribe: Callable[[], AsyncGenerator[Sequence[StreamItem], None]] | None = None,
 ) -> Response:
     """The SSE response for a run the reader may see (docs/protocol.md §4).
 
@@ -101,6 +107,8 @@ def sse_response(
     WHATWG `EventSource` to stop reconnecting. It has already seen the frame.
     `expires_at` (unix seconds): the reader's token expires then, and the response ends
     cleanly at that moment so the client reconnects with a fresh token and its cursor.
+    `subscribe`: the subscription `bridge.open_stream` gave with `info` (by default one
+    from the cursor is made here).
     """
     cursor = cursor_of(request)
     if cursor in TERMINAL_CURSORS:
@@ -119,9 +127,10 @@ def sse_response(
         # bridge instead: one before the run's last event missed events (a gap).
         frame = framing.end(End(info.status, info.error))  # type: ignore[arg-type]
         return SSEResponse(subscribe=None, final_frame=frame, **common)
-    bridge = state.bridge
+    if subscribe is None:
+        subscribe = functools.partial(state.bridge.subscribe_batches, info.run_id, cursor)
     return SSEResponse(
-        subscribe=functools.partial(bridge.subscribe_batches, info.run_id, cursor),
+        subscribe=subscribe,
         expires_at=expires_at,
         **common,
     )
@@ -159,8 +168,12 @@ async def get_run(request: Request) -> Response:
 async def stream_run(request: Request) -> Response:
     principal = access.subscriber(request)
     state = gateway_state(request)
-    info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
-    return sse_response(request, state, info, expires_at=principal.expires_at)
+    run_id = check_run_id(request.path_params["run_id"])
+    # The record and the subscription's first read in one round trip on Redis: a resume
+    # on a gateway that never saw the run costs one (docs/architecture.md, step 4).
+    found, subscribe = await state.bridge.open_stream(run_id, cursor_of(request))
+    info = readable(principal, run_id, found)
+    return sse_response(request, state, info, expires_at=principal.expires_at, subscribe=subscribe)
 
 
 @document(
