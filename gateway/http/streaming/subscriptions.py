@@ -28,7 +28,7 @@ from ...errors import TooManyStreams
 SubscriptionKind = Literal["sse", "wait"]
 # The request scope key under which the reader's share key (`Principal.share_key`) goes
 # from authentication (`access.subscriber`) to the stream the request opens.
-READER_KEY: Final = "gateway.client.reader"
+READER_KEY: Final = "gateway.reader"
 
 
 class SubscriptionRegistry:
