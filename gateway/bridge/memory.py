@@ -46,6 +46,8 @@ from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import Numbering, admit, advance, applied_ids, check_seq
 from ..sessions.memory import MemorySessionStore
 from ..settings import Settings
+from ..timing.deadlines import Deadlines, Signal
+from ..timing.pacing import WakePacer
 from ..values import (
     HEARTBEAT,
     Claim,
@@ -63,8 +65,6 @@ from ..values import (
 )
 from . import rules
 from .base import one_by_one
-from .deadlines import Deadlines, Signal
-from .pacing import WakePacer
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
 

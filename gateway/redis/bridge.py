@@ -33,7 +33,6 @@ from redis.driver_info import DriverInfo
 
 from ..bridge import rules
 from ..bridge.base import one_by_one
-from ..bridge.deadlines import CallDeadlines
 from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..errors import (
     BackendUnavailable,
@@ -51,6 +50,7 @@ from ..sequence import check_seq, sequence_conflict
 from ..sessions.shaping import shape_input_message
 from ..sessions.turns import PARKED_STATES, moves_state
 from ..settings import Settings
+from ..timing.deadlines import CallDeadlines
 from ..values import (
     HEARTBEAT,
     Claim,

@@ -29,10 +29,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ..bridge.deadlines import Deadlines, Signal
-from ..bridge.pacing import WakePacer
 from ..bridge.rules import missed_events
 from ..cursor import EventKey, format_key, key_of, parse_cursor
+from ..timing.deadlines import Deadlines, Signal
+from ..timing.pacing import WakePacer
 from ..values import End
 from .codec import Entry, LogRead, decode_push
 from .keys import RunKeys

@@ -42,7 +42,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from ..bridge.deadlines import Deadlines
+from ..timing.deadlines import Deadlines
 from .fanout import RunFeed
 from .keys import RunKeys
 from .replies import as_text

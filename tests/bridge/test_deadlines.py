@@ -1,4 +1,4 @@
-"""Unit tests of `gateway.bridge.deadlines`: a `Signal` wakes its waiters, a deadline ends
+"""Unit tests of `gateway.timing.deadlines`: a `Signal` wakes its waiters, a deadline ends
 a wait no earlier than asked and within its bucket, and waits due in the same slot share
 one bucket (one timer). A `CallDeadline` stops a call that outlasts it with TimeoutError,
 no earlier than asked, leaves a call that ends in time alone, and never turns a
@@ -15,7 +15,7 @@ import asyncio
 import anyio
 import pytest
 
-from gateway.bridge.deadlines import (
+from gateway.timing.deadlines import (
     DEADLINE_RESOLUTION,
     CallDeadline,
     CallDeadlines,

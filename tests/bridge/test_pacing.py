@@ -10,8 +10,8 @@ import time
 import anyio
 import pytest
 
-from gateway.bridge import pacing
-from gateway.bridge.pacing import WakePacer
+from gateway.timing import pacing
+from gateway.timing.pacing import WakePacer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

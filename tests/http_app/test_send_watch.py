@@ -1,4 +1,4 @@
-"""Unit tests of the SSE send timeout (`gateway.http.streaming.send_watch.SendWatch`): a send left
+"""Unit tests of the SSE send timeout (`gateway.timing.send_watch.SendWatch`): a send left
 pending for its writer's timeout is noticed within about 1.25x that timeout, a send that
 ends in time never is, and writers with different timeouts are each held to their own.
 
@@ -14,7 +14,7 @@ import asyncio
 import anyio
 import pytest
 
-from gateway.http.streaming.send_watch import SendWatch
+from gateway.timing.send_watch import SendWatch
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

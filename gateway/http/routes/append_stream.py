@@ -51,9 +51,9 @@ from ...errors import (
     SequenceRefused,
     TooManyAppendStreams,
 )
+from ...timing.send_watch import SendWatch
 from ..edge.errors import HttpError, gateway_error_response, public_detail
 from ..state import GatewayState
-from ..streaming.send_watch import SendWatch
 
 MEDIA_TYPE: Final = "application/x-ndjson"
 HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (

@@ -72,12 +72,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ...bridge.base import close_subscription
 from ...errors import BackendUnavailable, BridgeClosed, TooManyStreams
+from ...timing.send_watch import SendWatch
 from ...values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from ..edge.errors import handled_error_response, public_detail
 from ..edge.observe import lifecycle, record_of
 from ..metrics import Metrics, ResumeOutcome
 from .frames import RUN, Framing
-from .send_watch import SendWatch
 from .subscriptions import READER_KEY, SubscriptionRegistry
 
 log = logging.getLogger(__name__)
