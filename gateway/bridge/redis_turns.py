@@ -19,9 +19,10 @@ Connections follow the load: both kinds are opened only when every open one is b
 (redis-py's pool makes one when its free list is empty; a script turn takes the kept one
 used last, or waits for the next one given back while `CONNECTING_AT_ONCE` are being
 opened), and a connection unused for `idle_seconds` is closed, checked at the end of
-a turn at most every `idle_seconds / 4` (`_close_idle`). So a burst (a storm of
-resumes) may open up to the pool's size, and afterwards the process holds what its
-steady load uses: one follower and one producer, two or three.
+a turn at most every `idle_seconds / 4` (`_close_idle`). So a burst that keeps them busy
+may open up to the pool's size (a storm of short reads opens a few: they queue for the
+ones being opened), and afterwards the process holds what its steady load uses: one
+follower and one producer, two or three.
 """
 
 from __future__ import annotations
