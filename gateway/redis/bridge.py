@@ -75,7 +75,7 @@ from .codec import (
     parse_read,
     stream_info,
 )
-from .fanout import RunFeed
+from .fanout import SHARED_READ_SECONDS, RunFeed
 from .keys import RunKeys, check_prefix, run_keys
 from .notifier import Notifier, OneServer, Router
 from .replies import as_text, ceil_ms
@@ -90,6 +90,7 @@ RedisClient = Redis | RedisCluster
 T = TypeVar("T")
 
 READ_BATCH: Final = 512
+SHARED_OPENS: Final = 256  # `open_stream` reads kept for sharing (runs x positions)
 # Notifications carry the appended events up to this size (larger ones make readers
 # read the log), so a gateway following a run delivers without a read per change.
 PUSH_BYTES: Final = 64 * 1024
@@ -271,6 +272,10 @@ class RedisStreamBridge:
             on_reconnect=self._count_notifier_reconnect,
         )
         self._task_group: TaskGroup | None = None
+        # `open_stream`'s reads by (log key, position), with the time each began.
+        self._opening: dict[
+            tuple[str, str], tuple[asyncio.Future[tuple[RunInfo | None, LogRead] | None], float]
+        ] = {}
 
     @property
     def client(self) -> RedisClient:
@@ -625,6 +630,10 @@ class RedisStreamBridge:
             # that expiry instead of refreshing the TTL (see publish.lua).
             await self._script("cleanup_later", keys.both, ceil_ms(delay), resend=True)
         else:
+            # Reads shared by `open_stream` no longer stand here (other processes keep
+            # theirs for at most `SHARED_READ_SECONDS`: as if read a moment earlier).
+            for key in [key for key in self._opening if key[0] == keys.log]:
+                del self._opening[key]
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
             await self._call(lambda: self._redis.spublish(keys.log, b""))
@@ -665,6 +674,51 @@ class RedisStreamBridge:
             info = await self.get_run(run_id)
             return info, functools.partial(self.subscribe_batches, run_id, last_event_id)
         after = "-" if start.key is None else format_key(start.key)
+        info, read = await self._open_shared(keys, run_id, after)
+        interval = rules.heartbeat_interval(self._settings.heartbeat_interval_seconds, None)
+        return info, functools.partial(self._follow, keys, start, interval, (after, read))
+
+    async def _open_shared(
+        self, keys: RunKeys, run_id: str, after: str
+    ) -> tuple[RunInfo | None, LogRead]:
+        """`_open_read`, shared by the readers that open the same run at the same position
+        at once (a crowd reconnecting after a deploy: one transaction and one decoding
+        for all, as `RunFeed.read_shared` shares a feed's reads): a read in flight is
+        joined; a finished one is reused for up to `SHARED_READ_SECONDS` when the log
+        ended with its END (nothing can follow it; the log can only vanish meanwhile,
+        whose old END such a reader may still be handed, as if it had read a moment
+        earlier). A read of a live log is shared while in flight only (its readers go on
+        after it and subscribe, so nothing written since is missed), and one that found
+        no log is not shared (a run claimed a moment later must not look unknown)."""
+        key = (keys.log, after)
+        earlier = self._opening.get(key)
+        now = time.monotonic()
+        if earlier is not None and now - earlier[1] < SHARED_READ_SECONDS:
+            shared = await asyncio.shield(earlier[0])
+            if shared is not None:
+                return shared
+        future: asyncio.Future[tuple[RunInfo | None, LogRead] | None]
+        future = asyncio.get_running_loop().create_future()
+        self._opening.pop(key, None)  # re-inserted last: the newest
+        self._opening[key] = (future, now)
+        while len(self._opening) > SHARED_OPENS:
+            del self._opening[next(iter(self._opening))]
+        result: tuple[RunInfo | None, LogRead] | None = None
+        try:
+            result = await self._open_read(keys, run_id, after)
+            return result
+        finally:
+            shareable = result if result is not None and result[1].exists else None
+            future.set_result(shareable)
+            mine = self._opening.get(key)
+            ended = shareable is not None and shareable[1].tail_end() is not None
+            if not ended and mine is not None and mine[0] is future:
+                del self._opening[key]
+
+    async def _open_read(
+        self, keys: RunKeys, run_id: str, after: str
+    ) -> tuple[RunInfo | None, LogRead]:
+        """`open_stream`'s one transaction (`_open_transaction`): the record and a read."""
         command, replies = _open_transaction(keys, after)
 
         async def run(held: Held) -> list[Any]:
@@ -688,8 +742,7 @@ class RedisStreamBridge:
         read = parse_log_read(
             [meta.get(field.encode()) for field in _RECORD_FIELDS], info_reply, raw
         )
-        interval = rules.heartbeat_interval(self._settings.heartbeat_interval_seconds, None)
-        return info, functools.partial(self._follow, keys, start, interval, (after, read))
+        return info, read
 
     async def _read(self, keys: RunKeys, after: str) -> LogRead:
         """The entries after `after` ("-": from the start) and the log's bounds, read

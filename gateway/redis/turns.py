@@ -17,10 +17,12 @@ connection whenever kept ones and pool turns together would exceed the pool's si
 
 Connections follow the load: both kinds are opened only when every open one is busy
 (redis-py's pool makes one when its free list is empty; a script turn takes the kept one
-used last), and a connection unused for `idle_seconds` is closed, checked at the end of
-a turn at most every `idle_seconds / 4` (`_close_idle`). So a burst (a storm of
-resumes) may open up to the pool's size, and afterwards the process holds what its
-steady load uses: one follower and one producer, two or three.
+used last, or waits for the next one given back while `CONNECTING_AT_ONCE` are being
+opened), and a connection unused for `idle_seconds` is closed, checked at the end of
+a turn at most every `idle_seconds / 4` (`_close_idle`). So a burst that keeps them busy
+may open up to the pool's size (a storm of short reads opens a few: they queue for the
+ones being opened), and afterwards the process holds what its steady load uses: one
+follower and one producer, two or three.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from types import TracebackType
 from typing import Any
 
@@ -36,6 +39,14 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError, ResponseError
 
 log = logging.getLogger(__name__)
+
+# Kept connections being opened at once, at most: a script turn that finds none idle
+# while this many are connecting waits for the next one a turn gives back (first come,
+# first served) instead of opening yet another. A burst (a storm of cold resumes) then
+# pipelines its reads on a few connections rather than paying a connection's three
+# handshake round trips (and Redis its HELLO and refusals) for each of dozens; a load
+# that keeps them all busy still grows the pool, this many at a time, to its size.
+CONNECTING_AT_ONCE = 4
 
 
 class Turns:
@@ -58,6 +69,10 @@ class Turns:
         self._idle_seconds = idle_seconds
         self._next_check = time.monotonic() + idle_seconds / 4
         self._checking = False
+        self._connecting = 0  # kept connections being opened
+        # Script turns waiting for a kept connection (`CONNECTING_AT_ONCE`): each is
+        # handed the next one given back, or None: "open one yourself" (a connect failed).
+        self._waiting: deque[asyncio.Future[AbstractConnection | None]] = deque()
 
     @property
     def keeps_connections(self) -> bool:
@@ -100,8 +115,20 @@ class Turns:
         self._semaphore.release()
 
     def _keep(self, connection: AbstractConnection) -> None:
+        while self._waiting:  # straight to the turn that waited longest
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
         self._idle.append(connection)
         self._idle_since.append(time.monotonic())
+
+    def _let_one_connect(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     async def _close_idle(self) -> None:
         """Close the connections (kept, and the pool's free ones) unused for
@@ -142,6 +169,8 @@ class Turns:
         """Close the idle kept connections (the bridge closes its pool first; this is
         for a script that reconnected one on its way out)."""
         self._idle_since.clear()
+        while self._waiting:  # they find the pool closed, rather than wait out their deadline
+            self._let_one_connect()
         while self._idle:
             await self._idle.pop().disconnect(nowait=True)
 
@@ -150,6 +179,12 @@ class Turns:
         keeps it whatever happens), checked as the pool checks what it hands out (one
         the server closed, holding unread data or marked to reconnect connects anew)."""
         assert self._pool is not None
+        while not self._idle and self._connecting >= CONNECTING_AT_ONCE:
+            handed = await self._wait_for_one()
+            if handed is not None:
+                held.connection = handed
+                await self._pool.ensure_connection(handed)
+                return handed
         if self._idle:
             self._idle_since.pop()
             connection = held.connection = self._idle.pop()
@@ -157,10 +192,36 @@ class Turns:
             return connection
         # The pool has one free: kept ones in use and pool turns hold turns, and there
         # is no idle kept one (see the module docstring).
-        made: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        self._connecting += 1
+        try:
+            made: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        except BaseException:
+            self._let_one_connect()  # it may fare better (or fail on its own deadline)
+            raise
+        finally:
+            self._connecting -= 1
         self._kept += 1
         held.connection = made
         return made
+
+    async def _wait_for_one(self) -> AbstractConnection | None:
+        """Until a turn gives a kept connection back (ours now), or a connect failed
+        (None: open one). A cancelled waiter passes on what it was handed."""
+        waiter: asyncio.Future[AbstractConnection | None]
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            return await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                handed = waiter.result()
+                if handed is None:
+                    self._let_one_connect()
+                else:
+                    self._keep(handed)
+            else:
+                waiter.cancel()  # (left in the queue; skipped when its turn comes)
+            raise
 
 
 class Held:

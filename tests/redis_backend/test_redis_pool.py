@@ -306,3 +306,45 @@ def test_a_gateway_serving_one_follower_and_one_producer_holds_four_connections(
     assert opened > 4, opened  # the burst needed more than the steady load does
     assert max(samples) <= 4, (opened, samples)
     assert received == sent
+
+
+async def test_a_storm_of_cold_resumes_opens_a_few_connections_not_the_pool(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """100 resumes of 100 runs at once on a fresh process: a script turn that finds no
+    idle connection while `CONNECTING_AT_ONCE` are being opened waits for the next one
+    given back, so the reads pipeline on a few connections instead of opening the whole
+    pool (64, each three handshake round trips); every resume is still exact."""
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=key_prefix)
+    runs = 100
+    async with open_bridge(settings) as writer:
+        ended: dict[str, list[str]] = {}
+        for index in range(runs):
+            token = (await writer.claim(f"storm-{index}", lease_seconds=60)).token
+            written = await writer.publish_many(
+                f"storm-{index}", [("e", n) for n in range(30)], producer_token=token
+            )
+            await writer.publish_end(f"storm-{index}", "success", producer_token=token)
+            ended[f"storm-{index}"] = list(written.ids)
+    raw = Redis.from_url(fresh_redis.url, client_name="test-admin")
+    try:
+        async with open_bridge(settings) as bridge:  # the fresh process
+            got: dict[str, list[str]] = {}
+
+            async def resume(run_id: str) -> None:
+                ids: list[str] = []
+                async for item in bridge.subscribe(run_id, ended[run_id][9]):
+                    if isinstance(item, End):
+                        break
+                    ids.append(item.id)  # type: ignore[union-attr]
+                got[run_id] = ids
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for run_id in ended:
+                        tg.start_soon(resume, run_id)
+            held = sum(1 for c in await raw.client_list() if c.get("name") != "test-admin")
+    finally:
+        await raw.aclose()
+    assert got == {run_id: ids[10:] for run_id, ids in ended.items()}
+    assert held <= 16, held  # the notifier's + the storm's; the pool holds 64

@@ -363,3 +363,38 @@ async def test_a_cold_resume_of_a_live_run_has_its_replay_before_it_subscribes(
             finally:
                 await batches.aclose()
     assert [item.id for item in got] == [later]
+
+
+async def test_a_crowd_opening_one_run_at_one_position_shares_one_transaction(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """Clients of one run reconnecting together with the same cursor (after a deploy)
+    share one `open_stream` transaction and its decoded entries, as readers of one feed
+    share a read: 50 at once cost Redis one EXEC, and each gets the exact replay."""
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=key_prefix)
+    async with open_bridge(settings) as writer:
+        ids = await _ended_run(writer, "crowd", 100)
+    async with open_bridge(settings) as bridge:
+        with fresh_redis.client() as raw:
+            raw.config_resetstat()
+            replays: list[list[str]] = []
+
+            async def reconnect() -> None:
+                _, subscribe = await bridge.open_stream("crowd", ids[49])
+                got: list[str] = []
+                batches = subscribe()
+                async for batch in batches:
+                    got += [item.id for item in batch if isinstance(item, StreamEvent)]
+                    if isinstance(batch[-1], End):
+                        break
+                await batches.aclose()
+                replays.append(got)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(50):
+                        tg.start_soon(reconnect)
+            stats = raw.info("commandstats")
+    assert replays == [ids[50:]] * 50
+    assert stats["cmdstat_exec"]["calls"] == 1, stats["cmdstat_exec"]
+    assert stats["cmdstat_xrange"]["calls"] == 1, stats["cmdstat_xrange"]
