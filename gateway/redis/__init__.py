@@ -12,4 +12,5 @@ codec.py         stream entries, read replies and pushed notifications, decoded
 replies.py       conversions at the boundary (`as_text`, `ceil_ms`)
 scripts.py       the Lua scripts of `lua/` (and `--! include` lines), loaded and reloaded
 keys.py          run key names ({run_id} hash tag)   session_keys.py: session key names
+compat.py        every redis-py hook beyond its documented API, with the versions checked
 """

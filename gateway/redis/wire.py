@@ -20,6 +20,8 @@ from redis.asyncio import Connection, ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError
 
+from .compat import take_free
+
 _PACKED_TYPES = (bytes, str, int)
 
 
@@ -76,14 +78,9 @@ class CheckedPool(ConnectionPool):
     async def take_idle(self, before: float) -> list[AbstractConnection]:
         """Take out of the pool the free connections returned before `before` (monotonic
         seconds); the caller disconnects them. (redis-py's pool has no public way to
-        shrink: its free list and its lock are its own attributes.)"""
-        async with self._lock:
-            free = self._available_connections
-            idle = [c for c in free if self._returned.get(c, before) < before]
-            if idle:
-                gone = {id(c) for c in idle}
-                self._available_connections = [c for c in free if id(c) not in gone]
-        return idle
+        shrink: `compat.take_free` holds the one use of its internals.)"""
+        returned = self._returned
+        return await take_free(self, lambda c: returned.get(c, before) < before)
 
     async def ensure_connection(self, connection: AbstractConnection) -> None:
         if connection.is_connected:
