@@ -19,10 +19,11 @@ types: bootstrap
 test: bootstrap
 	scripts/test $(PYTEST_ARGS)
 
-# The inner loop: everything but the slow end-to-end `system` tests (tests/conftest.py),
-# on 4 xdist workers (each starts its own redis-server; the tests mostly wait on I/O).
+# The inner loop: everything but the slow end-to-end `system` tests (tests/system/, the
+# cluster tests, and a few marked one by one), on 6 xdist workers (each starts its own
+# redis-server; the tests mostly wait on I/O): 70-75 s on the 2-core dev machine.
 test-fast: bootstrap
-	scripts/test -m "not system" -n 4 $(PYTEST_ARGS)
+	scripts/test -m "not system" -n 6 $(PYTEST_ARGS)
 
 check: bootstrap lint types test
 

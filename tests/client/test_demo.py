@@ -362,6 +362,7 @@ def log_lines(text: str) -> list[tuple[str, str, str]]:
     return [(m[1], m[2], m[3]) for m in matches if m is not None]
 
 
+@pytest.mark.system  # fault injection (a lossy relay) or a whole serve --demo: slow
 @pytest.mark.timeout(60)
 def test_serve_demo_logs_one_info_line_per_turn(
     demo_server: Callable[..., Server],

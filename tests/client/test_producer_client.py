@@ -69,6 +69,7 @@ def cycle_plan(*faults: Fault) -> Callable[[int], Fault]:
 # ------------------------------------------------------------------- exactly once, in order
 
 
+@pytest.mark.system  # fault injection (a lossy relay) or a whole serve --demo: slow
 async def test_every_event_arrives_exactly_once_in_order_through_a_lossy_relay(
     relay: FaultRelay, client: httpx.AsyncClient
 ) -> None:
@@ -289,6 +290,7 @@ async def test_sending_after_the_block_is_refused(gateway_server: RunningServer)
         await run.send("token", {"n": 1})
 
 
+@pytest.mark.system  # fault injection (a lossy relay) or a whole serve --demo: slow
 async def test_503s_from_a_gateway_whose_redis_replies_are_lost_are_retried_exactly_once(
     redis_url: str, key_prefix: str
 ) -> None:

@@ -69,6 +69,7 @@ async def test_a_turn_of_tokens_costs_one_streamed_request(
     assert [t["text"] for t in turns] == ["".join(f"{n} " for n in range(300))]
 
 
+@pytest.mark.system  # fault injection (a lossy relay) or a whole serve --demo: slow
 async def test_streams_cut_by_a_lossy_relay_are_resent_and_apply_once(
     relay: FaultRelay, client: httpx.AsyncClient
 ) -> None:
