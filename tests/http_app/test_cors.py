@@ -69,7 +69,7 @@ async def test_reader_routes_allow_the_listed_origin_only() -> None:
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == ALLOWED
         allowed_headers = preflight.headers["access-control-allow-headers"].lower()
-        for header in ("authorization", "last-event-id", "content-type"):
+        for header in ("authorization", "x-api-key", "last-event-id", "content-type"):
             assert header in allowed_headers
         assert "GET" in preflight.headers["access-control-allow-methods"]
 

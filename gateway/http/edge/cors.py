@@ -3,7 +3,7 @@
 `cors_origins` (settings) is the allow-list; empty means no cross-origin access at all
 (no middleware). An allowed origin gets CORS on the subscriber and session routes: the
 methods `GET` and `POST` (`POST …/cancel`), the request headers a browser client sends
-(`Authorization`, `Last-Event-ID`, `Content-Type`), and the response headers
+(`Authorization` or `X-Api-Key`, `Last-Event-ID`, `Content-Type`), and the response headers
 `X-Request-ID` and `Location` readable. An origin not on the list gets no CORS headers
 (the browser refuses the response; a preflight gets 400).
 
@@ -28,7 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ...settings import Settings
 
 READER_METHODS: Final = ("GET", "POST")
-READER_HEADERS: Final = ("Authorization", "Last-Event-ID", "Content-Type")
+# X-Api-Key: where the LangGraph SDK puts a credential (`api_key=`), taken like Authorization
+READER_HEADERS: Final = ("Authorization", "X-Api-Key", "Last-Event-ID", "Content-Type")
 PRODUCER_METHODS: Final = ("GET", "POST", "DELETE")
 PRODUCER_HEADERS: Final = (*READER_HEADERS, "X-Producer-Token", "X-Producer-Seq")
 EXPOSED_HEADERS: Final = ("X-Request-ID", "Location", "Retry-After")
