@@ -44,11 +44,10 @@ import orjson
 from httpx_sse import SSEError, aconnect_sse
 
 from ..errors import BackendUnavailable, InvalidInput, TokenExpired
-from .producer import error_from
+from .producer import RETRY_STATUSES, error_from, retry_after_seconds
 
 __all__ = ["Ended", "Event", "Gap", "follow"]
 
-RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
 # backoff between reconnects: from FIRST_BACKOFF doubling to MAX_BACKOFF, jittered
 FIRST_BACKOFF: Final = 0.1
 MAX_BACKOFF: Final = 5.0
@@ -101,14 +100,6 @@ async def _credential(token: Credential) -> str | None:
     return await value if inspect.isawaitable(value) else value
 
 
-def _retry_after(response: httpx.Response) -> float:
-    value = response.headers.get("retry-after", "").strip()
-    # ASCII digits only: str.isdigit() also takes other scripts' digits, which float() refuses
-    if value and value.isascii() and value.isdigit():
-        return min(float(value), MAX_BACKOFF)
-    return 0.0
-
-
 def _item(name: str, data: str, event_id: str) -> Item | None:
     """The value a frame stands for (None for one that carries nothing for the app)."""
     payload = orjson.loads(data) if data else None
@@ -159,7 +150,8 @@ async def follow(
                     if response.status_code == 204:  # nothing more for this cursor
                         return
                     if response.status_code in RETRY_STATUSES:
-                        raise _Reconnect(_retry_after(response))
+                        wait = retry_after_seconds(response.headers.get("retry-after", ""))
+                        raise _Reconnect(min(wait, MAX_BACKOFF))
                     if response.status_code != 200:
                         await response.aread()
                         error = error_from(response)

@@ -19,24 +19,16 @@ import pytest
 from gateway.bridge.base import StreamBridge
 from gateway.client.producer import Producer, _Retryable, retry_after_seconds
 from gateway.values import End
+from tests.client.test_producer_client import numbers, stream_of
 from tests.support import http_server
 from tests.support.fault_relay import Fault, FaultRelay
 from tests.support.http_server import RunningServer
 from tests.support.proxies import GatewayProcess
-from tests.support.sse_client import SSEResult, read_stream
+from tests.support.sse_client import SSEResult
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 gateway_server = http_server.gateway_server
 client = http_server.client
-
-
-async def stream_of(client: httpx.AsyncClient, run_id: str) -> SSEResult:
-    with anyio.fail_after(20):
-        return await read_stream(client, f"/v1/runs/{run_id}/stream")
-
-
-def numbers(result: SSEResult) -> list[int]:
-    return [frame.json()["n"] for frame in result.events]
 
 
 @pytest.fixture
