@@ -70,7 +70,6 @@ LINE_ENVELOPE_BYTES: Final = 4096
 class _Line:
     name: str
     payload: Any  # values.RawJSON, encoded once
-    data: Any  # the decoded value, for the session's turn record
 
 
 @dataclass(slots=True)
@@ -78,7 +77,7 @@ class _Failed:
     error: GatewayError | HttpError
 
 
-KEEPALIVE: Final = _Line("", None, None)  # a blank line, queued in its place
+KEEPALIVE: Final = _Line("", None)  # a blank line, queued in its place
 _DISCONNECTED: Final = _Failed(BridgeClosed("the client left"))  # (never written)
 
 
@@ -176,12 +175,12 @@ class AppendStreamResponse(Response):
         run_id: str,
         token: str,
         seq: int | None,
-        parse: Callable[[bytes], tuple[str, Any, Any]],
+        parse: Callable[[bytes], tuple[str, Any]],
         holder: str,
     ) -> None:
         self.status_code = 200
         self._holder = holder  # whose `max_append_streams_per_key` this stream counts against
-        self._parse = parse  # one line → (name, encoded payload, data), or a 4xx error
+        self._parse = parse  # one line → (name, encoded payload), or a 4xx error
         self.background = None
         self._request = request
         self._state = state
@@ -304,10 +303,10 @@ class AppendStreamResponse(Response):
                     item = KEEPALIVE  # the producer is alive: renew the lease
                 else:
                     try:
-                        name, payload, data = self._parse(line)
+                        name, payload = self._parse(line)
                     except (GatewayError, HttpError) as exc:
                         return _Failed(exc)
-                    item = _Line(name, payload, data)
+                    item = _Line(name, payload)
                 if not await lines.put(item):
                     return _DISCONNECTED  # the stream is over already
             if not more:

@@ -141,12 +141,12 @@ def encode_events(events: list[tuple[str, Any]], limit: int) -> list[tuple[str, 
     return encoded
 
 
-def parse_line(line: bytes, state: GatewayState) -> tuple[str, Any, Any]:
-    """One line of a streamed append: (name, encoded payload, decoded data), checked as an
-    event of a batch is (`append_stream.py`)."""
+def parse_line(line: bytes, state: GatewayState) -> tuple[str, Any]:
+    """One line of a streamed append: (name, encoded payload), checked as an event of a
+    batch is (`append_stream.py`)."""
     name, data = _one_event(parse_json_object(line, "the line"), "the line")
     [(_, payload)] = encode_events([(name, data)], state.settings.max_event_bytes)
-    return name, payload, data
+    return name, payload
 
 
 @document(
