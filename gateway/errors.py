@@ -14,16 +14,16 @@ Exception
 │   │   └── RunEndedOnClaim    claim of a run whose log already ends (gateway.http.edge.errors)
 │   ├── SequenceRefused        a numbered batch that cannot be applied as numbered
 │   │   ├── SequenceGap        it starts past the next expected number (`expected`)
-│   │   └── SequenceConflict   it overlaps applied events but is not the last batch
+│   │   └── SequenceConflict   it overlaps applied events whose ids the log no longer has
 │   ├── SessionActive          clear (retire=false) refused: a turn is still running
 │   ├── BodyIdle               a streamed append's body sent nothing for a whole lease
-│   ├── TooManyAppendStreams   more open streamed appends than one API key may hold
 │   ├── BridgeClosed           the bridge was closed
 │   ├── BackendUnavailable     Redis unreachable or failing
 │   ├── Unauthorized           missing or invalid credentials
 │   │   └── TokenExpired       a subscriber token past its `exp`
 │   ├── Forbidden              valid credentials that do not cover this run/session
-│   ├── TooManyStreams         a reader at its share of the open streams (gateway.http)
+│   ├── TooManyStreams         a reader at its share of the open streams, or a key at its
+│   │                          limit of open streamed appends (gateway.http)
 │   └── RequestRefused         an error answer the producer client has no narrower type
 │                              for (gateway.client.producer)
 ├── HttpError                  an HTTP-level problem with its own status and code, such as
@@ -117,10 +117,6 @@ class BodyIdle(GatewayError):
     code = "body_idle"
 
 
-class TooManyAppendStreams(GatewayError):
-    code = "too_many_streams"
-
-
 class BridgeClosed(GatewayError):
     code = "bridge_closed"
 
@@ -143,6 +139,7 @@ class Forbidden(GatewayError):
 
 class TooManyStreams(GatewayError):
     """A reader (token subject or API key) holds its whole share of this process's open
-    streams and `/wait` calls (`Settings.subject_stream_share`)."""
+    streams and `/wait` calls (`Settings.subject_stream_share`), or an API key holds
+    `max_append_streams_per_key` open streamed appends."""
 
     code = "too_many_streams"

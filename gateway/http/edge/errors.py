@@ -38,7 +38,6 @@ from ...errors import (
     SessionActive,
     SessionMismatch,
     StreamEnded,
-    TooManyAppendStreams,
     TooManyStreams,
     Unauthorized,
 )
@@ -106,7 +105,6 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
         SessionMismatch: ErrorRule(409),
         SequenceRefused: ErrorRule(409),  # sequence_gap / sequence_conflict, expected_seq
         BodyIdle: ErrorRule(408),  # only ever an error line of a streamed append
-        TooManyAppendStreams: ErrorRule(429, _RETRY_LATER),
         BridgeClosed: ErrorRule(503, _RETRY_LATER),
         BackendUnavailable: ErrorRule(503, _RETRY_LATER, signal="backend_unavailable"),
         Unauthorized: ErrorRule(401, MappingProxyType({"WWW-Authenticate": "Bearer"})),

@@ -49,7 +49,7 @@ from ...errors import (
     GatewayError,
     PayloadTooLarge,
     SequenceRefused,
-    TooManyAppendStreams,
+    TooManyStreams,
 )
 from ...timing.send_watch import SendWatch
 from ..edge.errors import HttpError, gateway_error_response, public_detail
@@ -146,7 +146,7 @@ def stream_slot(state: GatewayState, key: str) -> Iterator[None]:
     open_now = state.append_streams.get(key, 0)
     limit = state.settings.max_append_streams_per_key
     if open_now >= limit:
-        raise TooManyAppendStreams(
+        raise TooManyStreams(
             f"at most {limit} streamed appends may be open per API key; end one or send batches"
         )
     state.append_streams[key] = open_now + 1
@@ -216,7 +216,7 @@ class AppendStreamResponse(Response):
                 start = {"type": "http.response.start", "status": 200, "headers": list(HEADERS)}
                 await send(start)
                 await self._stream(receive, send)
-        except TooManyAppendStreams as exc:
+        except TooManyStreams as exc:
             await gateway_error_response(exc)(scope, receive, send)
 
     async def _stream(self, receive: Receive, send: Send) -> None:
