@@ -544,31 +544,24 @@ class RedisStreamBridge:
             args.append(payload)
         reply = await self._script("publish", keys.writes, *args)
         outcome = as_text(reply[0])
-        if outcome == "ok":
-            result = PublishResult(
-                ids=tuple([as_text(entry_id) for entry_id in reply[3:]]),
-                cancel_requested=reply[1] == 1,
-                session_id=as_text(reply[2]) or None,
-            )
-            if result.session_id is not None and moves_state(events):
-                await self._turn_moved(result.session_id, run_id)
-            return result
-        self._raise_refusal(run_id, reply)
-        # -- numbered appends (see gateway.sequence)
-        if outcome == "overlap" or outcome == "duplicate":
-            start = 4 if outcome == "overlap" else 3
-            ids = tuple([as_text(entry_id) for entry_id in reply[start:]])
+        if outcome == "ok" or outcome == "overlap" or outcome == "duplicate":
+            # ok: every event appended; overlap (numbered): the first `reply[3]` were
+            # applied before; duplicate (numbered): all were (see gateway.sequence)
+            overlap = outcome == "overlap"
+            ids = tuple([as_text(entry_id) for entry_id in reply[4 if overlap else 3 :]])
+            skipped = int(reply[3]) if overlap else len(ids) if outcome == "duplicate" else 0
             result = PublishResult(
                 ids=ids,
                 cancel_requested=reply[1] == 1,
                 session_id=as_text(reply[2]) or None,
-                already_applied=int(reply[3]) if outcome == "overlap" else len(ids),
+                already_applied=skipped,
             )
-            # an overlap appended its tail: the session index follows what that moved
-            tail = events[result.already_applied :]
-            if outcome == "overlap" and result.session_id is not None and moves_state(tail):
+            # the session index follows what the appended events moved
+            appended = events[skipped:] if skipped else events
+            if result.session_id is not None and appended and moves_state(appended):
                 await self._turn_moved(result.session_id, run_id)
             return result
+        self._raise_refusal(run_id, reply)
         if outcome == "sequence_gap":
             expected = int(reply[1])
             raise SequenceGap(
@@ -577,7 +570,6 @@ class RedisStreamBridge:
         if outcome == "sequence_conflict":
             expected = int(reply[1])
             raise sequence_conflict(seq or 0, expected)
-        # --
         raise AssertionError(f"publish.lua replied {outcome!r}")
 
     async def publish_end(
