@@ -22,7 +22,7 @@ from tests.support.redis_servers import RedisServer
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 WRITERS = 40
-WRITES = 250
+WRITES = 600
 
 
 async def test_writers_beyond_the_pool_size_all_get_their_turn(
@@ -32,7 +32,7 @@ async def test_writers_beyond_the_pool_size_all_get_their_turn(
         redis_url=redis_url,
         redis_key_prefix=key_prefix,
         redis_max_connections=2,
-        redis_command_timeout_seconds=0.5,
+        redis_command_timeout_seconds=0.25,
     )
     failures: list[BaseException] = []
     async with open_bridge(settings) as bridge:
