@@ -27,7 +27,8 @@ import math
 import secrets
 import time
 from bisect import bisect_right
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,22 +50,20 @@ from ..settings import Settings
 from ..timing.deadlines import Deadlines, Signal
 from ..timing.pacing import WakePacer
 from ..values import (
-    HEARTBEAT,
     Claim,
     End,
     EndResult,
     EndStatus,
-    GapReason,
     LeaseState,
     PublishResult,
     RunInfo,
     RunStatus,
     StreamEvent,
-    StreamGap,
     StreamItem,
 )
 from . import rules
 from .base import one_by_one
+from .reader import Placement, follow_log
 
 _COMPACT_MIN = 64  # never compact tiny lists: the copy would cost more than the dead slots
 
@@ -83,6 +82,7 @@ class _Generation:
     trimmed: bool = False  # this generation evicted events itself
     end: End | None = None
     retired: bool = False
+    last: EventKey | None = None  # the newest event id, kept when a retirement clears keys
     changed: Signal = field(default_factory=lambda: Signal())
     pacer: WakePacer = field(init=False)
 
@@ -378,110 +378,8 @@ class MemoryStreamBridge:
         # The generation is captured now, not at the first read: a reader whose generation
         # is retired before it reads must get a gap, never a recreated stream.
         run = self._runs.get(run_id)
-        return self._read(run_id, run.gen if run else None, last_event_id, interval, limit)
-
-    async def _read(
-        self,
-        run_id: str,
-        gen: _Generation | None,
-        cursor: str | None,
-        interval: float,
-        limit: int | None,
-    ) -> AsyncGenerator[Sequence[StreamItem], None]:
-        """Everything ready at once (at most `limit` events), as one list per step.
-
-        `subscribe` reads one event per step, so a retirement or close between two events
-        is seen before the second, exactly as a reader of single items expects.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + interval
-        start = rules.parse_start(cursor)
-        pos: int | None = None  # absolute position of the next event to deliver
-        # The last event delivered, or the valid cursor: what a gap reports as requested.
-        delivered: EventKey | None = start.key
-        # A valid cursor past every event so far: later events up to it are skipped, as
-        # an id-ordered read from the cursor would (the Redis bridge reads by id).
-        skip_to: EventKey | None = None
-        seen_record = False  # the run record was there (a reader waiting for a first log)
-        pending: _Pending | None = None
-        try:
-            while True:
-                if self._closed:
-                    yield [self._final(gen, pos, delivered, "bridge_closed")]
-                    return
-                if gen is None:
-                    run = self._runs.get(run_id)
-                    if run is not None and run.gen is not None:
-                        gen = run.gen  # first log of a run that had none when we came
-                        continue
-                    if run is not None and rules.missed_removed(delivered, run.last_event):
-                        # The log this cursor points into is gone: events were missed.
-                        yield [rules.removed(delivered, "stream_removed")]
-                        return
-                    if run is not None and run.status != "running":
-                        # Log removed after END, or never written: say how it ended
-                        # rather than wait forever.
-                        yield [End(run.status, run.error, run.end_id)]
-                        return
-                    if run is not None:
-                        seen_record = True
-                    elif seen_record or rules.missed_unknown(start.key):
-                        # The record we waited on expired, or the cursor points into a
-                        # run nothing is left of: waiting would be forever.
-                        yield [rules.removed(delivered, "stream_removed")]
-                        return
-                    if pending is None or pending.created.fired:
-                        # (Re-)register: a set entry was for a generation already retired.
-                        self._release(run_id, pending)
-                        pending = self._pending.setdefault(run_id, _Pending())
-                        pending.readers += 1
-                    waiter = pending.created
-                elif gen.retired:
-                    yield [self._final(gen, pos, delivered, "stream_removed")]
-                    return
-                else:
-                    if pos is None:
-                        first = self._position(gen, start)
-                        if isinstance(first, StreamGap):
-                            yield [first]
-                            return
-                        pos = first
-                        if start.key is not None and pos == gen.total:
-                            skip_to = start.key
-                    index = pos - gen.base
-                    if index < gen.head:  # overtaken by eviction while we were away
-                        yield [rules.gap(delivered, self._bounds(gen))]
-                        return
-                    if skip_to is not None and index < len(gen.events):
-                        skipped = bisect_right(gen.keys, skip_to, lo=index) - index
-                        pos, index = pos + skipped, index + skipped
-                        if index < len(gen.events):
-                            skip_to = None
-                    stop = len(gen.events)
-                    if limit is not None:
-                        stop = min(stop, index + limit)
-                    if index < stop:
-                        # Slots from the head on are retained (never None).
-                        batch: list[StreamItem] = gen.events[index:stop]  # type: ignore[assignment]
-                        pos += len(batch)
-                        delivered = gen.keys[stop - 1]
-                        if gen.end is not None and stop == len(gen.events):
-                            batch.append(gen.end)  # the END comes with the last events
-                            yield batch
-                            return
-                        yield batch
-                        deadline = loop.time() + interval
-                        continue
-                    if gen.end is not None:
-                        yield [gen.end]
-                        return
-                    waiter = gen.changed
-                    gen.pacer.parked()
-                if not await waiter.wait_until(self._deadlines_of(loop), deadline):
-                    yield [HEARTBEAT]
-                    deadline = loop.time() + interval
-        finally:
-            self._release(run_id, pending)
+        view = _MemoryView(self, run_id, run.gen if run else None, limit)
+        return follow_log(view, rules.parse_start(last_event_id), interval)
 
     def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> Deadlines:
         if self._deadlines is None:
@@ -500,26 +398,6 @@ class MemoryStreamBridge:
         first = _id(retained[0]) if retained else None
         last = _id(retained[-1]) if retained else None
         return rules.Bounds(gen.floor, gen.trimmed, first, last)
-
-    @classmethod
-    def _position(cls, gen: _Generation, start: rules.Start) -> int | StreamGap:
-        """Where a new reader starts (absolute position), or its gap (`rules`)."""
-        if start.key is None:  # none or malformed: everything retained
-            return gen.base + gen.head
-        bounds = cls._bounds(gen)
-        if rules.missed_events(start.key, bounds):
-            return rules.gap(start.key, bounds)
-        # A cursor at the floor lands on the head: all successors, no gap.
-        return gen.base + bisect_right(gen.keys, start.key, lo=gen.head)
-
-    @staticmethod
-    def _final(
-        gen: _Generation | None, pos: int | None, delivered: EventKey | None, reason: GapReason
-    ) -> StreamItem:
-        """Terminal item for a reader whose generation went away (cleanup or close)."""
-        if gen is not None and gen.end is not None and pos is not None and pos >= gen.total:
-            return gen.end  # it had consumed everything: it still learns how the run ended
-        return rules.removed(delivered, reason)
 
     # ------------------------------------------------------------------ run state
 
@@ -657,6 +535,7 @@ class MemoryStreamBridge:
             return
         run.gen = None
         gen.retired = True
+        gen.last = gen.keys[-1] if gen.keys else None
         # Clear payloads but keep `total` and `end`: readers decide END vs gap from them.
         gen.base, gen.head = gen.total, 0
         gen.events, gen.keys = [], []
@@ -700,6 +579,145 @@ class MemoryStreamBridge:
         pending = self._pending.get(run.run_id)
         if pending is not None:
             pending.created.fire()  # readers waiting for a first log learn it is gone
+
+
+class _MemoryView:
+    """One subscription's view of a run's log (`reader.LogView`).
+
+    It keeps the generation it was made with (or, made before the run had a log, the
+    first one written after): a retired generation reads as gone, so its readers never
+    attach to a later one. Reads are by id like Redis's; the view remembers where its
+    last slice ended (`_at`, `_pos`), so a reader's next step costs O(1), not a search.
+    """
+
+    __slots__ = ("_at", "_bridge", "_gen", "_limit", "_pending", "_pos", "_run_id")
+
+    def __init__(
+        self,
+        bridge: MemoryStreamBridge,
+        run_id: str,
+        gen: _Generation | None,
+        limit: int | None,
+    ) -> None:
+        self._bridge = bridge
+        self._run_id = run_id
+        self._gen = gen
+        self._limit = limit  # events per step (`subscribe` takes one at a time)
+        self._pending: _Pending | None = None  # registered while waiting for a first log
+        self._at: EventKey | None = None  # the newest event handed out ...
+        self._pos = 0  # ... and the absolute position after it
+
+    @property
+    def closed(self) -> bool:
+        return self._bridge._closed
+
+    @property
+    def stale(self) -> bool:
+        return False  # the window is the log itself
+
+    @asynccontextmanager
+    async def attached(self, start: rules.Start) -> AsyncIterator[Placement]:
+        # A captured log counts as seen: if it is gone by the first read, it was removed.
+        # (A malformed cursor replays what is retained, as no cursor does.)
+        try:
+            yield (rules.Phase.NEW if self._gen is None else rules.Phase.SEEN), start.key
+        finally:
+            self._bridge._release(self._run_id, self._pending)
+
+    async def read(self, after: EventKey | None, *, seen: bool) -> rules.LogRead:
+        gen = self._gen
+        run = self._bridge._runs.get(self._run_id)
+        if gen is None and run is not None and run.gen is not None:
+            self._gen = gen = run.gen  # the first log of a run that had none when we came
+        if gen is None or gen.retired:
+            return self._record(gen, run)
+        index = gen.head if after is None else bisect_right(gen.keys, after, lo=gen.head)
+        retained = gen.retained()
+        tail: rules.Entry | None = gen.end
+        if tail is None and retained:
+            tail = retained[-1]
+        return rules.LogRead(
+            True, self._bridge._bounds(gen), self._slice(gen, index), tail, "", None, None, None
+        )
+
+    @staticmethod
+    def _record(gen: _Generation | None, run: _Run | None) -> rules.LogRead:
+        """What is known of a run without a (live) log: its record, or for a generation
+        outliving its record, how that generation ended."""
+        if run is not None:
+            return rules.LogRead(
+                False, None, [], None, run.status, run.error, run.end_id, run.last_event
+            )
+        end = gen.end if gen is not None else None
+        last = gen.last if gen is not None else None
+        if end is None:
+            return rules.LogRead(False, None, [], None, "", None, None, last)
+        return rules.LogRead(False, None, [], None, end.status, end.error, end.id, last)
+
+    def _slice(self, gen: _Generation, index: int) -> list[rules.Entry]:
+        """The retained events from list index `index` (up to the limit), then the END
+        when they reach it."""
+        events = gen.events
+        stop = len(events)
+        if self._limit is not None:
+            stop = min(stop, index + self._limit)
+        # Slots from the head on are retained (never None).
+        batch: list[rules.Entry] = events[index:stop]  # type: ignore[assignment]
+        if stop > index:
+            self._at = gen.keys[stop - 1]
+            self._pos = gen.base + stop
+        if gen.end is not None and stop == len(events):
+            batch.append(gen.end)  # the END comes with the last events
+        return batch
+
+    def window(self, after: EventKey) -> Sequence[StreamItem] | None:
+        gen = self._gen
+        if gen is None or gen.retired:
+            return None
+        if after == self._at:
+            index = self._pos - gen.base
+            if index < gen.head:
+                return None  # overtaken by eviction while we were away: read, for the gap
+        elif gen.floor is not None and after < gen.floor:
+            return None
+        else:
+            index = bisect_right(gen.keys, after, lo=gen.head)
+        return self._slice(gen, index)
+
+    async def refresh(self) -> None:
+        return None
+
+    async def follow(self) -> None:
+        return None  # a reader registers when it waits (`wait`)
+
+    async def wait(self, deadline: float) -> None:
+        gen = self._gen
+        if gen is None:
+            pending = self._pending
+            if pending is None or pending.created.fired:
+                # (Re-)register: a set entry was for a generation already retired.
+                self._bridge._release(self._run_id, pending)
+                pending = self._bridge._pending.setdefault(self._run_id, _Pending())
+                pending.readers += 1
+                self._pending = pending
+            waiter = pending.created
+        else:
+            waiter = gen.changed
+            gen.pacer.parked()
+        loop = asyncio.get_running_loop()
+        await waiter.wait_until(self._bridge._deadlines_of(loop), deadline)
+
+    def idle(self, interval: float) -> None:
+        return None
+
+    async def gap_bounds(self, bounds: rules.Bounds) -> rules.Bounds:
+        return bounds  # read with its first and last ids already
+
+    def final(self, position: EventKey | None) -> End | None:
+        gen = self._gen
+        if gen is not None and gen.end is not None and self._pos >= gen.total:
+            return gen.end  # it had consumed everything: it still learns how the run ended
+        return None
 
 
 def _same_token(expected: str, given: str) -> bool:

@@ -11,10 +11,14 @@ expiry, eviction) and writing again starts a new log whose floor is the last id 
 had handed out, so ids never repeat and every reader positioned before the removal point
 gets a gap. A reader positioned at or after the floor has missed nothing; one before it
 has, and gets a gap (never a silent partial replay).
+
+What a subscriber does on each read of the log is decided here too (`Phase`, `decide`);
+the loop that applies it is `reader.py`, the same for both backends.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +27,9 @@ from typing import Any, Literal, TypeAlias
 from ..cursor import UINT64_MAX, EventKey, MalformedCursor, format_key, parse_cursor
 from ..errors import InvalidInput
 from ..names import check_event_name
-from ..values import GapReason, StreamGap, encode_json
+from ..values import End, GapReason, StreamEvent, StreamGap, StreamItem, encode_json
+
+Entry: TypeAlias = StreamEvent | End
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,30 @@ class Bounds:
     trimmed: bool
     first: str | None
     last: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """One read of a run's log after a position, as a backend reports it.
+
+    `bounds` is None when the log does not exist; `status`, `error`, `end_id` and
+    `last_event` (the last event id the run handed out) are then the run record's
+    ("running" while it runs, "" when there is no record). `entries` are the entries
+    after the position (up to a batch size; an END entry is the last of them), `tail`
+    the log's newest entry (None when it is empty).
+    """
+
+    exists: bool
+    bounds: Bounds | None
+    entries: list[Entry]
+    tail: Entry | None
+    status: str
+    error: Any
+    end_id: str | None
+    last_event: EventKey | None
+
+    def tail_end(self) -> End | None:
+        return self.tail if isinstance(self.tail, End) else None
 
 
 def predecessor(key: EventKey) -> EventKey:
@@ -116,6 +146,74 @@ def gap(position: EventKey | None, bounds: Bounds) -> StreamGap:
 def removed(position: EventKey | None, reason: GapReason) -> StreamGap:
     """The gap for a reader whose log went away under it: nothing is retained."""
     return StreamGap(None if position is None else format_key(position), None, None, reason)
+
+
+# -- what a subscriber does on each read -------------------------------------------
+
+
+class Phase(enum.Enum):
+    """Where a subscription stands with the log it follows (`reader.py`)."""
+
+    NEW = "new"  # nothing read yet
+    NO_RUN = "no_run"  # read: neither a log nor a run record (a reader before the producer)
+    CLAIMED = "claimed"  # read: the run record without a log (claimed, nothing appended)
+    SEEN = "seen"  # the log was seen (a malformed cursor's tail), the position not checked
+    LIVE = "live"  # the position is checked against the log: it may take the shared window
+    DONE = "done"  # a terminal item was decided
+
+
+Decision: TypeAlias = tuple[Phase, "list[StreamItem] | Bounds"]
+
+
+def decide(phase: Phase, position: EventKey | None, checked: bool, read: LogRead) -> Decision:
+    """What one direct read of the log gives a subscriber at `position` in `phase`.
+
+    `checked`: the position is one the reader holds (a valid cursor, or something
+    delivered), which is what can fall behind the log's floor. The answer is the next
+    phase and either the items to deliver (maybe none yet: wait; a terminal item ends
+    the subscription, `Phase.DONE`) or the log's bounds when the reader is behind its
+    floor (a gap, whose first/last ids the caller fills in).
+    """
+    if not read.exists:
+        ended = bool(read.status) and read.status != "running"
+        if phase in (Phase.SEEN, Phase.LIVE):
+            # The log we saw is gone. A reader that had every event of an ended run still
+            # learns how it ended; any other missed what it held (or may have: a run
+            # whose record is gone too can verify nothing).
+            behind = read.last_event is not None and (
+                position is None or position < read.last_event
+            )
+            if ended and not behind:
+                return Phase.DONE, [_end_of(read)]
+            return Phase.DONE, [removed(position, "stream_removed")]
+        if checked and missed_removed(position, read.last_event):
+            # The log this cursor points into is gone: events were missed.
+            return Phase.DONE, [removed(position, "stream_removed")]
+        if ended:
+            # The log of an ended run is gone (or was never written), but its record
+            # remains and says how it ended.
+            return Phase.DONE, [_end_of(read)]
+        if read.status:
+            return Phase.CLAIMED, []  # claimed, nothing published yet: wait
+        if phase is Phase.CLAIMED or (checked and missed_unknown(position)):
+            # The record we saw is gone too (the run expired, or the backend lost it), or
+            # the cursor points into a run nothing is left of: waiting would be forever.
+            return Phase.DONE, [removed(position, "stream_removed")]
+        return Phase.NO_RUN, []
+    assert read.bounds is not None
+    if checked and missed_events(position, read.bounds):
+        return Phase.DONE, read.bounds
+    if not read.entries:
+        end = read.tail_end()
+        if end is not None:
+            return Phase.DONE, [end]  # the cursor is at or past the END: the run is over
+        return Phase.LIVE, []
+    last = read.entries[-1]
+    return (Phase.DONE if isinstance(last, End) else Phase.LIVE), list(read.entries)
+
+
+def _end_of(read: LogRead) -> End:
+    return End(read.status, read.error, read.end_id)  # type: ignore[arg-type]
 
 
 # -- what a write may carry -----------------------------------------------------------

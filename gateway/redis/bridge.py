@@ -15,7 +15,8 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
@@ -33,7 +34,9 @@ from redis.driver_info import DriverInfo
 
 from ..bridge import rules
 from ..bridge.base import one_by_one
-from ..cursor import EventKey, format_key, key_of, parse_cursor
+from ..bridge.reader import Placement, follow_log
+from ..bridge.rules import Entry, LogRead
+from ..cursor import EventKey, format_key, parse_cursor
 from ..errors import (
     BackendUnavailable,
     BridgeClosed,
@@ -52,7 +55,6 @@ from ..sessions.turns import PARKED_STATES, moves_state
 from ..settings import Settings
 from ..timing.deadlines import CallDeadlines
 from ..values import (
-    HEARTBEAT,
     Claim,
     End,
     EndResult,
@@ -60,14 +62,10 @@ from ..values import (
     LeaseState,
     PublishResult,
     RunInfo,
-    StreamEvent,
-    StreamGap,
     StreamItem,
     encode_json,
 )
 from .codec import (
-    Entry,
-    LogRead,
     entry_item,
     flatten,
     is_end,
@@ -808,97 +806,16 @@ class RedisStreamBridge:
         )
         return self._follow(keys, rules.parse_start(last_event_id), interval)
 
-    async def _follow(
+    def _follow(
         self,
         keys: RunKeys,
         start: rules.Start,
         interval: float,
         prefetched: tuple[str, LogRead] | None = None,
     ) -> AsyncGenerator[Sequence[StreamItem], None]:
-        """Replay from the start position, then follow the shared feed; see `_Reader`.
+        """Replay from the start position, then follow the shared feed (`reader.py`).
         `prefetched`: the first read, made already from that position (`open_stream`)."""
-        # A malformed cursor needs the log's tail first (an active log is followed from
-        # there). Any other reader's first read tells what the tail would, in the same
-        # round trip: where a new feed starts, and whether the log ends with its END,
-        # after which nothing can follow: such a reader (a resume's common case) reads
-        # and never subscribes. One that finds something to wait for subscribes then.
-        tail_id = None
-        newest = None
-        if start.kind == "malformed":
-            newest = await self._tail(keys)
-            tail_id = newest.id if newest is not None and newest.id else "0-0"
-        reader = _Reader(start, newest)
-        subscribed = False
-        async with self._notifier.attach(keys, tail_id, subscribe=False) as feed:
-            first = True
-            while True:
-                if self._closed or feed.closed:
-                    yield [rules.removed(reader.position, "bridge_closed")]
-                    return
-                try:
-                    if not (subscribed or first or reader.log_ended):
-                        # After the first read, before the refresh below (which then
-                        # reads what was appended since that read).
-                        await self._notifier.follow(feed)
-                        subscribed = True
-                    # The first step of a reader whose position is not yet checked is a
-                    # read of its own (`from_feed` gives it nothing), so the feed is
-                    # brought up to date after it: a resume that ends there costs no
-                    # feed read. From then on a stale feed is refreshed first, as the
-                    # wait below is skipped while it is stale.
-                    if feed.stale and (reader.caught_up or not first):
-                        await self._refresh(feed)
-                    first = False
-                    window = reader.from_feed(feed)
-                    if window is None:
-                        window = await self._direct(keys, feed, reader, prefetched)
-                        prefetched = None
-                except (BridgeClosed, BackendUnavailable):
-                    if self._closed:
-                        continue
-                    raise
-                if window:
-                    yield window
-                    if reader.delivered(window):
-                        return  # a terminal item: the subscription is over
-                    continue
-                if not subscribed:  # nothing (yet) after the first read: wait subscribed
-                    await self._notifier.follow(feed)
-                    subscribed = True
-                    continue
-                # (A removed log is found by the reader's own read: the feed's view may
-                # be older than that read, which may already have found the log again.)
-                heartbeat = reader.idle(feed, interval)
-                if heartbeat:
-                    yield [HEARTBEAT]
-                elif not feed.stale:
-                    await feed.wait(reader.wait_seconds(interval))
-
-    async def _direct(
-        self,
-        keys: RunKeys,
-        feed: RunFeed,
-        reader: _Reader,
-        prefetched: tuple[str, LogRead] | None = None,
-    ) -> list[StreamItem]:
-        """Read Redis from the reader's own position (shared with readers at the same
-        position) and decide what it gets: entries, a terminal item, or nothing yet."""
-        after = reader.after
-        if prefetched is not None and prefetched[0] == after:
-            read = prefetched[1]
-        else:
-            read = await feed.read_shared(after, functools.partial(self._read, keys, after))
-        if not read.exists and reader.seen_stream:
-            # A removal is decided on a read of our own: a shared one may have begun
-            # before our first look found the log (its notification not yet heard).
-            read = await self._read(keys, after)
-        feed.start_at(read.tail.id if read.tail is not None and read.tail.id else "0-0")
-        reader.log_ended = isinstance(read.tail, End)
-        decided = reader.decide(read)
-        if isinstance(decided, rules.Bounds):  # behind the log's floor: a gap
-            first, last = await self._event_bounds(keys)
-            return [rules.gap(reader.position, replace(decided, first=first, last=last))]
-        return decided
+        return follow_log(_RunView(self, keys, prefetched), start, interval)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -1023,114 +940,98 @@ def _error_of(meta: dict[str, str]) -> Any:
     return orjson.loads(raw) if raw else None
 
 
-class _Reader:
-    """Where one Redis subscription stands, and the decisions taken on each read.
+class _RunView:
+    """One Redis subscription's view of a run's log (`reader.LogView`): direct reads of
+    Redis, shared with this process's readers at the same position, and the run's feed
+    (`fanout.RunFeed`, shared by every local reader of the run) as the window."""
 
-    The position rules themselves are `rules`'; this keeps the subscription's state:
-    - `position`: delivered up to here (None: nothing yet, replay from the earliest);
-      `checked`: whether it is a position the reader holds (a valid cursor or something
-      delivered), which is what can fall behind the log's floor;
-    - `seen_stream` / `seen_record`: the log, or the run record without a log, were
-      there once, so their disappearance is a removal, not "not written yet";
-    - `caught_up`: its position was checked against the log, so it may take the shared
-      feed's window (when its position is inside it) rather than read Redis;
-    - `log_ended`: the log's newest entry, as its latest look found it (its latest
-      direct read, or the tail a malformed cursor needs), was the END: nothing to wait
-      for, so it does not subscribe.
-    """
+    __slots__ = ("_bridge", "_feed", "_keys", "_prefetched")
 
-    __slots__ = (
-        "caught_up",
-        "checked",
-        "idle_since",
-        "log_ended",
-        "position",
-        "seen_record",
-        "seen_stream",
-    )
-
-    def __init__(self, start: rules.Start, newest: Entry | None) -> None:
-        self.position: EventKey | None = start.key
-        self.checked = start.kind == "valid"
-        if start.kind == "malformed" and newest is not None and not isinstance(newest, End):
-            # Malformed cursor: an active stream is followed from its live tail only;
-            # an ended one is replayed through its END. That tail is a position the
-            # reader holds from now on: a trim past it before the first read is a gap.
-            assert newest.id is not None
-            self.position = parse_cursor(newest.id)
-            self.checked = True
-        self.seen_stream = newest is not None
-        self.seen_record = False
-        self.caught_up = False
-        self.log_ended = isinstance(newest, End)
-        self.idle_since = time.monotonic()
+    def __init__(
+        self, bridge: RedisStreamBridge, keys: RunKeys, prefetched: tuple[str, LogRead] | None
+    ) -> None:
+        self._bridge = bridge
+        self._keys = keys
+        self._prefetched = prefetched
+        self._feed: RunFeed | None = None
 
     @property
-    def after(self) -> str:
-        return "-" if self.position is None else format_key(self.position)
+    def feed(self) -> RunFeed:
+        assert self._feed is not None, "used before attached"
+        return self._feed
 
-    def from_feed(self, feed: RunFeed) -> list[StreamItem] | None:
-        """The feed window's entries after our position; None when we must read Redis."""
-        if not self.caught_up or feed.missing:
-            return None
-        window: list[StreamItem] | None = feed.after(self.position or (0, 0))  # type: ignore[assignment]
-        return window
+    @property
+    def closed(self) -> bool:
+        return self._bridge._closed or self.feed.closed
 
-    def decide(self, read: LogRead) -> list[StreamItem] | rules.Bounds:
-        """What a direct read gives this reader: entries (maybe none yet), a terminal
-        item, or the log's bounds when the reader is behind its floor (a gap)."""
-        if not read.exists:
-            if self.seen_stream or (
-                self.checked and rules.missed_removed(self.position, read.last_event)
-            ):
-                return [rules.removed(self.position, "stream_removed")]
-            if read.status and read.status != "running":
-                # The log of an ended run is gone (or was never written) but its record
-                # remains and says how it ended.
-                return [End(read.status, read.error, read.end_id)]  # type: ignore[arg-type]
-            if read.status:
-                self.seen_record = True  # claimed, nothing published yet
-            elif self.seen_record or (self.checked and rules.missed_unknown(self.position)):
-                # The record we saw is gone too (the run expired, or Redis lost its
-                # data), or our cursor points into a run nothing is left of: waiting
-                # would mean heartbeats forever.
-                return [rules.removed(self.position, "stream_removed")]
-            return []
-        self.seen_stream = True
-        assert read.bounds is not None
-        if self.checked and rules.missed_events(self.position, read.bounds):
-            return read.bounds
-        if not read.entries:
-            end = read.tail_end()
-            if end is not None:
-                return [end]  # the cursor is at or past the END entry: the run is over
-        # Its position is checked: from now on it takes the shared window whenever its
-        # position is inside it (`from_feed`), and reads Redis again only when behind.
-        self.caught_up = True
-        return list(read.entries)
+    @property
+    def stale(self) -> bool:
+        return self.feed.stale
 
-    def delivered(self, window: Sequence[StreamItem]) -> bool:
-        """Advance past what was yielded; True when it ended the subscription."""
-        last = window[-1]
-        if isinstance(last, End | StreamGap):
-            return True
-        assert isinstance(last, StreamEvent)
-        self.position = key_of(last.id)
-        self.checked = True
-        self.idle_since = time.monotonic()
-        return False
+    @asynccontextmanager
+    async def attached(self, start: rules.Start) -> AsyncIterator[Placement]:
+        # A malformed cursor needs the log's tail first: an active log is followed from
+        # there (a position the reader holds from now on: a trim past it before the
+        # first read is a gap), an ended one replayed through its END. Any other
+        # reader's first read tells what the tail would, in the same round trip: where
+        # a new feed starts, and whether the log ends with its END, after which nothing
+        # can follow (such a reader, a resume's common case, never subscribes).
+        tail_id = None
+        phase, position = rules.Phase.NEW, start.key
+        if start.kind == "malformed":
+            newest = await self._bridge._tail(self._keys)
+            tail_id = newest.id if newest is not None and newest.id else "0-0"
+            if newest is not None:
+                phase = rules.Phase.SEEN
+                if not isinstance(newest, End):
+                    assert newest.id is not None
+                    position = parse_cursor(newest.id)
+        async with self._bridge._notifier.attach(self._keys, tail_id, subscribe=False) as feed:
+            self._feed = feed
+            yield phase, position
 
-    def idle(self, feed: RunFeed, interval: float) -> bool:
-        """Whether a heartbeat is due now (and re-arm the checks made once per interval)."""
-        now = time.monotonic()
-        if now - self.idle_since < interval:
-            return False
-        if now - feed.last_read >= interval:
-            feed.mark_stale()  # a lost notification costs one interval at most
-        if not self.seen_stream:
-            self.caught_up = False  # no log yet: re-check the run record directly
-        self.idle_since = time.monotonic()
-        return True
+    async def read(self, after: EventKey | None, *, seen: bool) -> LogRead:
+        position = "-" if after is None else format_key(after)
+        prefetched, self._prefetched = self._prefetched, None
+        feed = self.feed
+        if prefetched is not None and prefetched[0] == position:
+            read = prefetched[1]
+        else:
+            read = await feed.read_shared(
+                position, functools.partial(self._bridge._read, self._keys, position)
+            )
+        if not read.exists and seen:
+            # A removal is decided on a read of our own: a shared one may have begun
+            # before our first look found the log (its notification not yet heard).
+            read = await self._bridge._read(self._keys, position)
+        feed.start_at(read.tail.id if read.tail is not None and read.tail.id else "0-0")
+        return read
 
-    def wait_seconds(self, interval: float) -> float:
-        return interval - (time.monotonic() - self.idle_since)
+    def window(self, after: EventKey) -> Sequence[StreamItem] | None:
+        feed = self.feed
+        if feed.missing:
+            return None  # (a removed log is found by the reader's own read)
+        return feed.after(after)
+
+    async def refresh(self) -> None:
+        await self._bridge._refresh(self.feed)
+
+    async def follow(self) -> None:
+        await self._bridge._notifier.follow(self.feed)
+
+    async def wait(self, deadline: float) -> None:
+        await self.feed.wait_until(deadline)
+
+    def idle(self, interval: float) -> None:
+        if time.monotonic() - self.feed.last_read >= interval:
+            self.feed.mark_stale()  # a lost notification costs one interval at most
+
+    async def gap_bounds(self, bounds: rules.Bounds) -> rules.Bounds:
+        first, last = await self._bridge._event_bounds(self._keys)
+        return replace(bounds, first=first, last=last)
+
+    def final(self, position: EventKey | None) -> End | None:
+        window = self.feed.after(position or (0, 0))
+        if window is not None and len(window) == 1 and isinstance(window[0], End):
+            return window[0]
+        return None

@@ -7,18 +7,15 @@ this; it imports neither.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
 
-from ..bridge.rules import Bounds, predecessor
-from ..cursor import EventKey, parse_cursor
+from ..bridge.rules import Bounds, Entry, LogRead, predecessor
+from ..cursor import parse_cursor
 from ..values import End, StreamEvent
 from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT
 from .replies import as_text
-
-Entry = StreamEvent | End
 
 
 def is_end(fields: Sequence[bytes]) -> bool:
@@ -71,29 +68,6 @@ def decode_entries(raw: Sequence[Any]) -> list[Entry]:
         if isinstance(item, End):
             break
     return items
-
-
-@dataclass(frozen=True, slots=True)
-class LogRead:
-    """One `read.lua` reply: the entries after a position and the log's boundaries.
-
-    `bounds` is None when the log does not exist; `status`, `error`, `end_id` and
-    `last_event` (the last event id the run handed out) are then the run record's
-    ("running" while it runs, "" when there is no record). `tail` is the log's newest
-    entry (None when it is empty).
-    """
-
-    exists: bool
-    bounds: Bounds | None
-    entries: list[Entry]
-    tail: Entry | None
-    status: str
-    error: Any
-    end_id: str | None
-    last_event: EventKey | None
-
-    def tail_end(self) -> End | None:
-        return self.tail if isinstance(self.tail, End) else None
 
 
 def log_bounds(

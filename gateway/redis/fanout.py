@@ -29,12 +29,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ..bridge.rules import missed_events
+from ..bridge.rules import Entry, LogRead, missed_events
 from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..timing.deadlines import Deadlines, Signal
 from ..timing.pacing import WakePacer
 from ..values import End
-from .codec import Entry, LogRead, decode_push
+from .codec import decode_push
 from .keys import RunKeys
 
 T = TypeVar("T")
@@ -95,6 +95,10 @@ class RunFeed:
 
     async def wait(self, seconds: float) -> None:
         """Until the next change, or about `seconds` (to `DEADLINE_RESOLUTION`) pass."""
+        await self.wait_until(asyncio.get_running_loop().time() + seconds)
+
+    async def wait_until(self, deadline: float) -> None:
+        """Until the next change, or about the loop time `deadline`."""
         # asyncio-native on purpose: subscribers run in bare asyncio tasks that are
         # cancelled with `Task.cancel()` (http/streaming/sse.py), and an anyio cancel scope whose
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
@@ -103,7 +107,7 @@ class RunFeed:
         loop = asyncio.get_running_loop()
         if self._deadlines is None:
             self._deadlines = Deadlines(loop)
-        await self._changed.wait_until(self._deadlines, loop.time() + seconds)
+        await self._changed.wait_until(self._deadlines, deadline)
 
     def wake(self) -> None:
         changed, self._changed = self._changed, Signal()

@@ -228,9 +228,10 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
 ) -> None:
     """Issue #25 item 8: a malformed cursor starts at the log's live tail (a lookup of its
     own); a trim past that tail before the reader's first read is a gap, never a silent
-    skip. The two steps of `_follow` are taken by hand so the trim lands between them."""
+    skip. The reader's two steps (its view's placement, its first read) are taken by hand
+    so the trim lands between them."""
     from gateway.bridge import rules
-    from gateway.redis.bridge import RedisStreamBridge, _Reader
+    from gateway.redis.bridge import RedisStreamBridge, _RunView
 
     settings = Settings(
         redis_url=redis_server.url, redis_key_prefix=key_prefix, max_events_per_run=3
@@ -242,11 +243,16 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
             for n in range(2):
                 await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
             keys = run_keys(key_prefix, "malformed-floor")
-            newest = await bridge._tail(keys)  # the reader's first step
-            reader = _Reader(rules.parse_start("not-a-cursor"), newest)
-            for n in range(2, 7):  # meanwhile: appends that trim past that tail
-                await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
-            decided = reader.decide(await bridge._read(keys, reader.after))  # its first read
+            view = _RunView(bridge, keys, None)
+            # The reader's first step: placed at the log's tail.
+            async with view.attached(rules.parse_start("not-a-cursor")) as (phase, position):
+                assert phase is rules.Phase.SEEN and position is not None
+                for n in range(2, 7):  # meanwhile: appends that trim past that tail
+                    await bridge.publish(
+                        "malformed-floor", "token", n, producer_token=claim.token
+                    )
+                read = await view.read(position, seen=True)  # its first read
+                _, decided = rules.decide(phase, position, True, read)
             assert isinstance(decided, rules.Bounds), decided  # behind the floor: a gap
 
 

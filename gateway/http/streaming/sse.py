@@ -299,9 +299,7 @@ class SSEResponse(Response):
     def _unavailable_frame(self, detail: str) -> bytes | None:
         return self._framing.unavailable(self.run_id, detail)
 
-    async def _write_batch(
-        self, send: Send, stream: _Stream, batch: Sequence[StreamItem]
-    ) -> bool:
+    async def _write_batch(self, send: Send, stream: _Stream, batch: Sequence[StreamItem]) -> bool:
         """Write one batch of a run's items as one write; True when it ended the stream."""
         if self._count_first:
             self._count_first = False
