@@ -394,10 +394,10 @@ class MemoryStreamBridge:
 
     @staticmethod
     def _bounds(gen: _Generation) -> rules.Bounds:
-        retained = gen.retained()
-        first = _id(retained[0]) if retained else None
-        last = _id(retained[-1]) if retained else None
-        return rules.Bounds(gen.floor, gen.trimmed, first, last)
+        events = gen.events
+        if gen.head >= len(events):
+            return rules.Bounds(gen.floor, gen.trimmed, None, None)
+        return rules.Bounds(gen.floor, gen.trimmed, _id(events[gen.head]), _id(events[-1]))
 
     # ------------------------------------------------------------------ run state
 
@@ -632,10 +632,9 @@ class _MemoryView:
         if gen is None or gen.retired:
             return self._record(gen, run)
         index = gen.head if after is None else bisect_right(gen.keys, after, lo=gen.head)
-        retained = gen.retained()
         tail: rules.Entry | None = gen.end
-        if tail is None and retained:
-            tail = retained[-1]
+        if tail is None and gen.head < len(gen.events):
+            tail = gen.events[-1]
         return rules.LogRead(
             True, self._bridge._bounds(gen), self._slice(gen, index), tail, "", None, None, None
         )
@@ -659,8 +658,9 @@ class _MemoryView:
         when they reach it."""
         events = gen.events
         stop = len(events)
-        if self._limit is not None:
-            stop = min(stop, index + self._limit)
+        limit = self._limit
+        if limit is not None and index + limit < stop:
+            stop = index + limit
         # Slots from the head on are retained (never None).
         batch: list[rules.Entry] = events[index:stop]  # type: ignore[assignment]
         if stop > index:
@@ -690,7 +690,7 @@ class _MemoryView:
     async def follow(self) -> None:
         return None  # a reader registers when it waits (`wait`)
 
-    async def wait(self, deadline: float) -> None:
+    async def wait(self, deadline: float) -> bool:
         gen = self._gen
         if gen is None:
             pending = self._pending
@@ -705,7 +705,11 @@ class _MemoryView:
             waiter = gen.changed
             gen.pacer.parked()
         loop = asyncio.get_running_loop()
-        await waiter.wait_until(self._bridge._deadlines_of(loop), deadline)
+        return await waiter.wait_until(self._bridge._deadlines_of(loop), deadline)
+
+    def key_of(self, event: StreamEvent) -> EventKey:
+        assert self._at is not None  # `event` came from `_slice`, which set it
+        return self._at
 
     def idle(self, interval: float) -> None:
         return None

@@ -23,9 +23,9 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeAlias
 
-from ..cursor import EventKey, key_of
+from ..cursor import EventKey
 from ..errors import BackendUnavailable, BridgeClosed
-from ..values import HEARTBEAT, End, StreamEvent, StreamGap, StreamItem
+from ..values import HEARTBEAT, End, StreamEvent, StreamItem
 from . import rules
 from .rules import Phase
 
@@ -70,8 +70,12 @@ class LogView(Protocol):
         """Start hearing the run's changes (`wait` wakes on them)."""
         ...
 
-    async def wait(self, deadline: float) -> None:
-        """Until the next change, or the loop time `deadline`."""
+    async def wait(self, deadline: float) -> bool:
+        """Until the next change (True), or the loop time `deadline` (False)."""
+        ...
+
+    def key_of(self, event: StreamEvent) -> EventKey:
+        """The key of `event`, the newest one the view handed out."""
         ...
 
     def idle(self, interval: float) -> None:
@@ -92,11 +96,13 @@ async def follow_log(
 ) -> AsyncGenerator[Sequence[StreamItem], None]:
     """A subscription from cursor `start`: batches of items in order, one per step of the
     reader, heartbeats after `interval` idle seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + interval
+    now = asyncio.get_running_loop().time
+    deadline = now() + interval
+    window, key_of = view.window, view.key_of  # (bound once: the per-step path)
     following = False
     first = True
     ended_log = False  # the latest direct read found the log ending with its END
+    due = False  # the last wait reached the deadline: a heartbeat is due
     async with view.attached(start) as (phase, position):
         # A position the reader holds (a valid cursor, or something delivered): what can
         # fall behind the log's floor. A missing or malformed cursor holds nothing.
@@ -117,7 +123,7 @@ async def follow_log(
                 if view.stale and (phase is Phase.LIVE or not first):
                     await view.refresh()
                 if phase is Phase.LIVE:
-                    items = view.window(position or (0, 0))
+                    items = window(position or (0, 0))
                 if items is None:
                     read = await view.read(position, seen=phase in (Phase.SEEN, Phase.LIVE))
                     ended_log = read.tail_end() is not None
@@ -134,20 +140,21 @@ async def follow_log(
             if items:
                 yield items
                 last = items[-1]
-                if isinstance(last, End | StreamGap):
-                    return
-                assert isinstance(last, StreamEvent)
-                position = key_of(last.id)
+                if type(last) is not StreamEvent:
+                    return  # an END or a gap: the subscription is over
+                position = key_of(last)
                 checked = True
-                deadline = loop.time() + interval
+                deadline = now() + interval
+                due = False
                 continue
             if not following:  # nothing (yet) after the first read: wait following
                 await view.follow()
                 following = True
                 continue
-            if loop.time() >= deadline:
+            if due:
+                due = False
                 view.idle(interval)
                 yield [HEARTBEAT]
-                deadline = loop.time() + interval
+                deadline = now() + interval
             elif not view.stale:
-                await view.wait(deadline)
+                due = not await view.wait(deadline)

@@ -36,7 +36,7 @@ from ..bridge import rules
 from ..bridge.base import one_by_one
 from ..bridge.reader import Placement, follow_log
 from ..bridge.rules import Entry, LogRead
-from ..cursor import EventKey, format_key, parse_cursor
+from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..errors import (
     BackendUnavailable,
     BridgeClosed,
@@ -62,6 +62,7 @@ from ..values import (
     LeaseState,
     PublishResult,
     RunInfo,
+    StreamEvent,
     StreamItem,
     encode_json,
 )
@@ -1019,8 +1020,11 @@ class _RunView:
     async def follow(self) -> None:
         await self._bridge._notifier.follow(self.feed)
 
-    async def wait(self, deadline: float) -> None:
-        await self.feed.wait_until(deadline)
+    async def wait(self, deadline: float) -> bool:
+        return await self.feed.wait_until(deadline)
+
+    def key_of(self, event: StreamEvent) -> EventKey:
+        return key_of(event.id)
 
     def idle(self, interval: float) -> None:
         if time.monotonic() - self.feed.last_read >= interval:

@@ -97,8 +97,8 @@ class RunFeed:
         """Until the next change, or about `seconds` (to `DEADLINE_RESOLUTION`) pass."""
         await self.wait_until(asyncio.get_running_loop().time() + seconds)
 
-    async def wait_until(self, deadline: float) -> None:
-        """Until the next change, or about the loop time `deadline`."""
+    async def wait_until(self, deadline: float) -> bool:
+        """Until the next change (True), or about the loop time `deadline` (False)."""
         # asyncio-native on purpose: subscribers run in bare asyncio tasks that are
         # cancelled with `Task.cancel()` (http/streaming/sse.py), and an anyio cancel scope whose
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
@@ -107,7 +107,7 @@ class RunFeed:
         loop = asyncio.get_running_loop()
         if self._deadlines is None:
             self._deadlines = Deadlines(loop)
-        await self._changed.wait_until(self._deadlines, deadline)
+        return await self._changed.wait_until(self._deadlines, deadline)
 
     def wake(self) -> None:
         changed, self._changed = self._changed, Signal()
