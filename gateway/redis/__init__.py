@@ -1,7 +1,8 @@
 """Everything that speaks Redis, in one package (the memory backend needs none of it).
 
 bridge.py        RedisStreamBridge: connect, the call boundary (`command`: deadlines,
-                 retries, error mapping that never shows the address), publish, read
+                 retries, error mapping that never shows the address), publish, read;
+                 `_RunView`, a subscription's view for the shared loop (bridge/reader.py)
 sessions.py      RedisSessionStore: turn records in their runs' slots, the session index,
                  on the bridge's call boundary
 wire.py          the command pool and its connections (commands packed with hiredis)

@@ -2,9 +2,12 @@
 
 Each run is a stream (the log) and a hash (the run record), tagged into one cluster slot
 (see `keys.py`). Every write is one Lua script (see `lua/`) so the producer-token check,
-END detection and the append cannot interleave with another writer. Readers use
-`read.lua` to read entries together with the exact trim boundary, and a blocking
-`XREAD` only as a wake-up signal.
+END detection and the append cannot interleave with another writer, and every write
+notifies the run's shard channel (`notifier.py`). A reader runs the shared subscriber
+loop (`bridge/reader.py`) over a `_RunView`: direct reads of the entries together with
+the exact trim boundary and the run record in one round trip (a MULTI/EXEC of plain
+commands on one server, `read.lua` on a cluster), and the run's per-process `RunFeed`
+(`fanout.py`) as its window.
 """
 
 from __future__ import annotations

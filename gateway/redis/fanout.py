@@ -5,8 +5,9 @@ and shared by every local subscriber of that run.
   process's notifier (`notifier.py`: one pub/sub connection per node that owns a
   followed run's slot) hears it and pushes it to the run's feed (`RunFeed.push`).
 - A `RunFeed` per run with local subscribers keeps a bounded window of its newest
-  entries. Whichever subscriber wakes first reads the new entries with `read.lua`
-  (under the feed's lock); the others take them from the window.
+  entries (it is the window of the subscribers' `bridge.reader.LogView`). Whichever
+  subscriber wakes first reads the new entries (under the feed's lock); the others
+  take them from the window.
 - A subscriber whose position is older than the window (replaying, or lagging behind a
   fast producer) reads Redis directly from its own cursor, with exact gap detection,
   until it reaches the window. A slow client therefore never holds up the feed or the
