@@ -99,6 +99,13 @@ class _Generation:
         """Absolute position after the newest event (kept after the payloads are cleared)."""
         return self.base + len(self.events)
 
+    def newest(self) -> EventKey | None:
+        """The newest event id of the run up to this log: its newest event, or for a log
+        with none (an END written after a removal) the last id of the one before."""
+        if self.retired:
+            return self.last
+        return self.keys[-1] if self.keys else self.floor
+
     def retained(self) -> list[StreamEvent | None]:
         return self.events[self.head :]
 
@@ -534,8 +541,8 @@ class MemoryStreamBridge:
         if gen is None:
             return
         run.gen = None
+        gen.last = gen.newest()  # (before it reads as retired)
         gen.retired = True
-        gen.last = gen.keys[-1] if gen.keys else None
         # Clear payloads but keep `total` and `end`: readers decide END vs gap from them.
         gen.base, gen.head = gen.total, 0
         gen.events, gen.keys = [], []
@@ -576,9 +583,11 @@ class MemoryStreamBridge:
         run.expiry = None
         self._retire(run)
         del self._runs[run.run_id]
-        pending = self._pending.get(run.run_id)
+        # Readers waiting for a first log learn it is gone; they register afresh if they
+        # wait on (a fired entry left in place would wake them at once, forever).
+        pending = self._pending.pop(run.run_id, None)
         if pending is not None:
-            pending.created.fire()  # readers waiting for a first log learn it is gone
+            pending.created.fire()
 
 
 class _MemoryView:
@@ -648,7 +657,7 @@ class _MemoryView:
                 False, None, [], None, run.status, run.error, run.end_id, run.last_event
             )
         end = gen.end if gen is not None else None
-        last = gen.last if gen is not None else None
+        last = gen.newest() if gen is not None else None
         if end is None:
             return rules.LogRead(False, None, [], None, "", None, None, last)
         return rules.LogRead(False, None, [], None, end.status, end.error, end.id, last)
@@ -719,9 +728,9 @@ class _MemoryView:
 
     def final(self, position: EventKey | None) -> End | None:
         gen = self._gen
-        if gen is not None and gen.end is not None and self._pos >= gen.total:
-            return gen.end  # it had consumed everything: it still learns how the run ended
-        return None
+        if gen is None or gen.end is None or rules.behind(position, gen.newest()):
+            return None
+        return gen.end  # it had every event: it still learns how the run ended
 
 
 def _same_token(expected: str, given: str) -> bool:

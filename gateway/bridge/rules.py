@@ -136,6 +136,16 @@ def missed_unknown(position: EventKey | None) -> bool:
     return position is not None and position > (0, 0)
 
 
+def behind(position: EventKey | None, last_event: EventKey | None) -> bool:
+    """Whether a reader at `position` lacks events of a run whose newest event id is
+    `last_event` (None: the run handed out none, or it is not known). A reader with no
+    position is behind any event; one with a position is behind an unknown newest id,
+    as nothing can verify that it had everything."""
+    if last_event is None:
+        return position is not None and position > (0, 0)
+    return position is None or position < last_event
+
+
 def gap(position: EventKey | None, bounds: Bounds) -> StreamGap:
     """The gap for a reader at `position` that `missed_events` found behind the floor."""
     reason: GapReason = "trimmed" if bounds.trimmed else "stream_removed"
@@ -180,10 +190,7 @@ def decide(phase: Phase, position: EventKey | None, checked: bool, read: LogRead
             # The log we saw is gone. A reader that had every event of an ended run still
             # learns how it ended; any other missed what it held (or may have: a run
             # whose record is gone too can verify nothing).
-            behind = read.last_event is not None and (
-                position is None or position < read.last_event
-            )
-            if ended and not behind:
+            if ended and not behind(position, read.last_event):
                 return Phase.DONE, [_end_of(read)]
             return Phase.DONE, [removed(position, "stream_removed")]
         if checked and missed_removed(position, read.last_event):

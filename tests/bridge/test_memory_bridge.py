@@ -412,6 +412,67 @@ async def test_ended_log_is_removed_after_ended_ttl_and_its_record_kept() -> Non
     assert info is not None and info.status == "success" and not info.log_exists
 
 
+# ---------------------------------------------------------------- the reader's last word
+
+
+async def until_expired(bridge: MemoryStreamBridge, run: str) -> None:
+    """Until the run's TTL (under test) removed it whole."""
+    with anyio.fail_after(5):
+        while await bridge.get_run(run) is not None:
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.timeout(10)
+async def test_a_reader_placed_at_the_last_event_by_its_cursor_gets_end_on_close() -> None:
+    """It had every event (its cursor says so, nothing was delivered): the END that lands
+    with the close is its last word, not a `bridge_closed` gap."""
+    bridge = make()
+    token, published = await started(bridge, "r", 2)
+    task = await parked(bridge.subscribe("r", published[-1]))
+    end = await bridge.publish_end("r", "success", producer_token=token)
+    await bridge.close()
+    assert await result(task) == End("success", None, end.id)
+
+
+@pytest.mark.timeout(10)
+async def test_an_old_cursor_on_a_log_of_only_an_end_gets_a_gap_on_close() -> None:
+    """Events, a removal, then the END alone in a new log: a reader with a cursor before
+    the removal point missed events, so on close it gets a gap, never that END."""
+    bridge = make()
+    token, published = await started(bridge, "r", 3)
+    await bridge.cleanup("r")
+    await bridge.publish_end("r", "success", producer_token=token)
+    it = bridge.subscribe("r", published[0])
+    await bridge.close()
+    assert await drain(it) == [removed_after(published[0], "bridge_closed")]
+
+
+@pytest.mark.timeout(10)
+async def test_an_old_cursor_on_a_log_of_only_an_end_gets_a_gap_when_the_run_expires() -> None:
+    bridge = make(stream_ttl_seconds=0.2, ended_ttl_seconds=0.2)
+    token, published = await started(bridge, "r", 3)
+    await bridge.cleanup("r")
+    await bridge.publish_end("r", "success", producer_token=token)
+    it = bridge.subscribe("r", published[0])  # captures the END-only log
+    await until_expired(bridge, "r")
+    assert await drain(it) == [removed_after(published[0])]
+
+
+@pytest.mark.timeout(10)
+async def test_readers_waiting_for_a_first_log_keep_waiting_after_the_run_expires() -> None:
+    """Readers that came before the producer wait on one shared registration; when the
+    run expires unwritten they are woken, register afresh and wait on (heartbeats), rather
+    than waking at once forever on the spent one (which blocked the event loop)."""
+    bridge = make(stream_ttl_seconds=0.2, heartbeat_interval_seconds=0.3)
+    readers = [bridge.subscribe("later") for _ in range(2)]
+    tasks = [await parked(it) for it in readers]
+    await bridge.claim("later")  # nothing published: they stay parked
+    await until_expired(bridge, "later")
+    for task in tasks:
+        assert await result(task) == HEARTBEAT
+    await bridge.close()
+
+
 # ---------------------------------------------------------------- close
 
 

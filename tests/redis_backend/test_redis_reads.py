@@ -248,9 +248,7 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
             async with view.attached(rules.parse_start("not-a-cursor")) as (phase, position):
                 assert phase is rules.Phase.SEEN and position is not None
                 for n in range(2, 7):  # meanwhile: appends that trim past that tail
-                    await bridge.publish(
-                        "malformed-floor", "token", n, producer_token=claim.token
-                    )
+                    await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
                 read = await view.read(position, seen=True)  # its first read
                 _, decided = rules.decide(phase, position, True, read)
             assert isinstance(decided, rules.Bounds), decided  # behind the floor: a gap
