@@ -75,6 +75,7 @@ class _Failed:
 
 
 _DISCONNECTED: Final = _Failed(BridgeClosed("the client left"))  # (never written)
+_DRAINED: Final = _Failed(BridgeClosed("(draining)"))  # (replaced before it is written)
 
 
 @dataclass(slots=True)
@@ -145,6 +146,7 @@ class AppendStreamResponse(Response):
         self._receiving_since: float | None = None  # loop time a receive() began
         self._idle_handle: asyncio.TimerHandle | None = None
         self._idle_fired = False
+        self._draining = False
         self._watch = SendWatch.of(self._loop)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -166,7 +168,7 @@ class AppendStreamResponse(Response):
             await gateway_error_response(exc)(scope, receive, send)
 
     async def _stream(self, receive: Receive, send: Send) -> None:
-        remove = self._state.subscriptions.on_drain(self._read_scope.cancel)
+        remove = self._state.subscriptions.on_drain(self._drain)
         self._arm_idle(self._idle)
         try:
             with self._scope:
@@ -182,7 +184,7 @@ class AppendStreamResponse(Response):
                             "send a blank line to keep an idle stream open"
                         )
                     )
-                elif self._read_scope.cancelled_caught:
+                elif ended is _DRAINED or self._read_scope.cancelled_caught:
                     # Shutting down: the lines appended so far stay, and the producer is
                     # told to go on elsewhere from `next_seq`.
                     ended = _Failed(
@@ -199,6 +201,14 @@ class AppendStreamResponse(Response):
             remove()
             if self._idle_handle is not None:
                 self._idle_handle.cancel()
+
+    def _drain(self) -> None:
+        """The gateway is shutting down: the body is read no further. A wait for the
+        client is interrupted at once; an append in flight is finished and acknowledged
+        first (nothing interrupts an append, so it needs no shield of its own)."""
+        self._draining = True
+        if self._receiving_since is not None:
+            self._read_scope.cancel()
 
     def _arm_idle(self, delay: float) -> None:
         self._idle_handle = self._loop.call_later(delay, self._check_idle)
@@ -223,6 +233,8 @@ class AppendStreamResponse(Response):
         group: list[_Line] = []
         limit = self._group_limit
         while True:
+            if self._draining:
+                return _DRAINED
             self._receiving_since = self._loop.time()
             message = await receive()
             self._receiving_since = None
@@ -262,6 +274,8 @@ class AppendStreamResponse(Response):
                     group = []
                     if failed is not None:
                         return failed
+                    if self._draining:  # the lines after these are not appended
+                        return _DRAINED
             if group:  # every line before a bad one is appended, then the error is told
                 refused = await self._commit(group, send)
                 group = []
@@ -288,15 +302,18 @@ class AppendStreamResponse(Response):
         """Append one group; its ack line, or the failure that ends the stream."""
         state = self._state
         tally = self._tally
+        if self._scope.cancel_called:  # dropped by the send timeout: append nothing more
+            return _DISCONNECTED
         events = [(line.name, line.payload) for line in group]
         try:
-            # Shielded: once sent, an append finishes (its turn record is written in the
-            # same step), even when the client leaves meanwhile (the bridge's own timeouts
-            # bound it).
-            with anyio.CancelScope(shield=True):
-                result = await state.bridge.publish_many(
-                    self._run_id, events, producer_token=self._token, seq=tally.next_seq
-                )
+            # Never interrupted: the body's scope is cancelled only while the loop waits
+            # for the client (`_drain`, `_check_idle`), and the stream's only while it
+            # writes (`send_timed_out`), so once sent an append finishes (its turn record
+            # is written in the same step) within the bridge's own timeouts. (A shield
+            # would cost a cancel scope per append: a twentieth of a token's CPU.)
+            result = await state.bridge.publish_many(
+                self._run_id, events, producer_token=self._token, seq=tally.next_seq
+            )
             if result.appended:
                 state.metrics.events_published.inc(result.appended)
         except GatewayError as exc:
