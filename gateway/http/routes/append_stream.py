@@ -63,10 +63,9 @@ HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
 LINE_ENVELOPE_BYTES: Final = 4096
 
 
-@dataclass(slots=True)
-class _Line:
-    name: str
-    payload: Any  # values.RawJSON, encoded once
+# A checked line: (event name, payload encoded once as values.RawJSON), as
+# `publish_many` takes it.
+_Line = tuple[str, Any]
 
 
 @dataclass(slots=True)
@@ -268,7 +267,7 @@ class AppendStreamResponse(Response):
                 except (GatewayError, HttpError) as exc:
                     failed = _Failed(exc)
                     break
-                group.append(_Line(name, payload))
+                group.append((name, payload))
                 if len(group) >= limit:
                     failed = await self._commit(group, send)
                     group = []
@@ -304,7 +303,6 @@ class AppendStreamResponse(Response):
         tally = self._tally
         if self._scope.cancel_called:  # dropped by the send timeout: append nothing more
             return _DISCONNECTED
-        events = [(line.name, line.payload) for line in group]
         try:
             # Never interrupted: the body's scope is cancelled only while the loop waits
             # for the client (`_drain`, `_check_idle`), and the stream's only while it
@@ -312,7 +310,7 @@ class AppendStreamResponse(Response):
             # is written in the same step) within the bridge's own timeouts. (A shield
             # would cost a cancel scope per append: a twentieth of a token's CPU.)
             result = await state.bridge.publish_many(
-                self._run_id, events, producer_token=self._token, seq=tally.next_seq
+                self._run_id, group, producer_token=self._token, seq=tally.next_seq
             )
             if result.appended:
                 state.metrics.events_published.inc(result.appended)
@@ -326,7 +324,7 @@ class AppendStreamResponse(Response):
             tally.next_seq += len(result.ids)
             ack["next_seq"] = tally.next_seq
         ack["cancel_requested"] = result.cancel_requested
-        await self._send(send, orjson.dumps(ack) + b"\n", more=True)
+        await self._send(send, orjson.dumps(ack, option=orjson.OPT_APPEND_NEWLINE), more=True)
         return None
 
     def _error_line(self, exc: GatewayError | HttpError) -> bytes:
