@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 from typing import Any
@@ -414,6 +415,48 @@ async def test_a_draining_gateway_ends_the_stream_with_what_it_applied(
 
         gateway_server.call(drain)
         error = await duplex.reply()
+    assert error["error"] == "bridge_closed" and error["applied"] == 2
+    assert error["next_seq"] == 3
+    run = (await client.get(f"/v1/runs/{producer.run_id}")).json()
+    assert run["retained_events"] == 2
+
+
+async def test_a_drain_during_an_append_acknowledges_it_and_appends_no_more(
+    gateway_server: RunningServer, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append in flight when the gateway starts draining is not interrupted: it is
+    finished and acknowledged, then the stream ends with `bridge_closed`, and a line that
+    came meanwhile is not appended (the producer sends it elsewhere from `next_seq`)."""
+    producer = await ProducerClient.claim(client)
+    bridge = gateway_server.state.bridge
+    publish_many = bridge.publish_many
+    entered = threading.Event()
+    gates: list[asyncio.Event] = []
+
+    async def make_gate() -> None:
+        gates.append(asyncio.Event())  # on the server's loop
+
+    gateway_server.call(make_gate)
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await gates[0].wait()
+        return await publish_many(*args, **kwargs)
+
+    monkeypatch.setattr(bridge, "publish_many", held)
+    async with Duplex(gateway_server, producer, seq=1) as duplex:
+        duplex.send(lines([1, 2]))
+        assert await anyio.to_thread.run_sync(entered.wait, TIMEOUT)
+        duplex.send(lines([3]))
+
+        async def drain_then_release() -> None:
+            gateway_server.state.subscriptions.drain()
+            gates[0].set()
+
+        gateway_server.call(drain_then_release)
+        ack = await duplex.reply()
+        error = await duplex.reply()
+    assert len(ack["ids"]) == 2 and ack["next_seq"] == 3
     assert error["error"] == "bridge_closed" and error["applied"] == 2
     assert error["next_seq"] == 3
     run = (await client.get(f"/v1/runs/{producer.run_id}")).json()

@@ -127,26 +127,24 @@ def encode_events(events: list[tuple[str, Any]], limit: int) -> list[tuple[str, 
     The size limit applies to those exact bytes (re-encoding parsed JSON can grow it:
     `1e5` becomes `100000.0`); the bridge publishes them as they are (`RawJSON`).
     """
-    encoded: list[tuple[str, Any]] = []
-    for index, (name, data) in enumerate(events):
-        try:
-            payload = encode_json(data)
-        except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
-            raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
-        if len(payload) > limit:
-            raise PayloadTooLarge(
-                f"event {index} data is {len(payload)} bytes; the limit is {limit}"
-            )
-        encoded.append((name, RawJSON(payload)))
-    return encoded
+    return [(name, _encoded(data, index, limit)) for index, (name, data) in enumerate(events)]
+
+
+def _encoded(data: Any, index: int, limit: int) -> RawJSON:
+    try:
+        payload = encode_json(data)
+    except orjson.JSONEncodeError as exc:  # e.g. nesting deeper than orjson encodes
+        raise InvalidInput(f"data cannot be encoded as JSON: {exc}") from None
+    if len(payload) > limit:
+        raise PayloadTooLarge(f"event {index} data is {len(payload)} bytes; the limit is {limit}")
+    return RawJSON(payload)
 
 
 def parse_line(line: bytes, state: GatewayState) -> tuple[str, Any]:
     """One line of a streamed append: (name, encoded payload), checked as an event of a
     batch is (`append_stream.py`)."""
     name, data = _one_event(parse_json_object(line, "the line"), "the line")
-    [(_, payload)] = encode_events([(name, data)], state.settings.max_event_bytes)
-    return name, payload
+    return name, _encoded(data, 0, state.settings.max_event_bytes)
 
 
 @document(
