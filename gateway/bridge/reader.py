@@ -104,9 +104,8 @@ async def follow_log(
     ended_log = False  # the latest direct read found the log ending with its END
     due = False  # the last wait reached the deadline: a heartbeat is due
     async with view.attached(start) as (phase, position):
-        # A position the reader holds (a valid cursor, or something delivered): what can
-        # fall behind the log's floor. A missing or malformed cursor holds nothing.
-        checked = position is not None
+        # `position`: what the reader holds (a valid cursor, or the last event delivered),
+        # which is what can fall behind the log's floor; None: nothing yet.
         while True:
             if view.closed:
                 yield [view.final(position) or rules.removed(position, "bridge_closed")]
@@ -127,7 +126,7 @@ async def follow_log(
                 if items is None:
                     read = await view.read(position, seen=phase in (Phase.SEEN, Phase.LIVE))
                     ended_log = read.tail_end() is not None
-                    phase, decided = rules.decide(phase, position, checked, read)
+                    phase, decided = rules.decide(phase, position, read)
                     if isinstance(decided, rules.Bounds):  # behind the log's floor
                         items = [rules.gap(position, await view.gap_bounds(decided))]
                     else:
@@ -143,7 +142,6 @@ async def follow_log(
                 if type(last) is not StreamEvent:
                     return  # an END or a gap: the subscription is over
                 position = key_of(last)
-                checked = True
                 deadline = now() + interval
                 due = False
                 continue

@@ -175,11 +175,12 @@ class Phase(enum.Enum):
 Decision: TypeAlias = tuple[Phase, "list[StreamItem] | Bounds"]
 
 
-def decide(phase: Phase, position: EventKey | None, checked: bool, read: LogRead) -> Decision:
+def decide(phase: Phase, position: EventKey | None, read: LogRead) -> Decision:
     """What one direct read of the log gives a subscriber at `position` in `phase`.
 
-    `checked`: the position is one the reader holds (a valid cursor, or something
-    delivered), which is what can fall behind the log's floor. The answer is the next
+    `position` is what the reader holds (a valid cursor, a malformed cursor's tail, or
+    the last event delivered; None: nothing), which is what can fall behind the log's
+    floor. The answer is the next
     phase and either the items to deliver (maybe none yet: wait; a terminal item ends
     the subscription, `Phase.DONE`) or the log's bounds when the reader is behind its
     floor (a gap, whose first/last ids the caller fills in).
@@ -193,7 +194,7 @@ def decide(phase: Phase, position: EventKey | None, checked: bool, read: LogRead
             if ended and not behind(position, read.last_event):
                 return Phase.DONE, [_end_of(read)]
             return Phase.DONE, [removed(position, "stream_removed")]
-        if checked and missed_removed(position, read.last_event):
+        if missed_removed(position, read.last_event):
             # The log this cursor points into is gone: events were missed.
             return Phase.DONE, [removed(position, "stream_removed")]
         if ended:
@@ -202,13 +203,13 @@ def decide(phase: Phase, position: EventKey | None, checked: bool, read: LogRead
             return Phase.DONE, [_end_of(read)]
         if read.status:
             return Phase.CLAIMED, []  # claimed, nothing published yet: wait
-        if phase is Phase.CLAIMED or (checked and missed_unknown(position)):
+        if phase is Phase.CLAIMED or missed_unknown(position):
             # The record we saw is gone too (the run expired, or the backend lost it), or
             # the cursor points into a run nothing is left of: waiting would be forever.
             return Phase.DONE, [removed(position, "stream_removed")]
         return Phase.NO_RUN, []
     assert read.bounds is not None
-    if checked and missed_events(position, read.bounds):
+    if missed_events(position, read.bounds):
         return Phase.DONE, read.bounds
     if not read.entries:
         end = read.tail_end()

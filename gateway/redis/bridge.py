@@ -949,7 +949,7 @@ class _RunView:
     Redis, shared with this process's readers at the same position, and the run's feed
     (`fanout.RunFeed`, shared by every local reader of the run) as the window."""
 
-    __slots__ = ("_bridge", "_feed", "_keys", "_prefetched")
+    __slots__ = ("_bridge", "_keys", "_prefetched", "feed")
 
     def __init__(
         self, bridge: RedisStreamBridge, keys: RunKeys, prefetched: tuple[str, LogRead] | None
@@ -957,12 +957,7 @@ class _RunView:
         self._bridge = bridge
         self._keys = keys
         self._prefetched = prefetched
-        self._feed: RunFeed | None = None
-
-    @property
-    def feed(self) -> RunFeed:
-        assert self._feed is not None, "used before attached"
-        return self._feed
+        self.feed: RunFeed  # set by `attached` (the loop's steps all run inside it)
 
     @property
     def closed(self) -> bool:
@@ -991,7 +986,7 @@ class _RunView:
                     assert newest.id is not None
                     position = parse_cursor(newest.id)
         async with self._bridge._notifier.attach(self._keys, tail_id, subscribe=False) as feed:
-            self._feed = feed
+            self.feed = feed
             yield phase, position
 
     async def read(self, after: EventKey | None, *, seen: bool) -> LogRead:

@@ -96,25 +96,34 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
     exists, length, added, max_deleted, last_generated, first, raw, tail = reply[:8]
     status, error, end, last = reply[8:]
     if not exists:
-        return LogRead(
-            exists=False,
-            bounds=None,
-            entries=[],
-            tail=None,
-            status=as_text(status),
-            error=orjson.loads(error) if error else None,
-            end_id=as_text(end) or None,
-            last_event=parse_cursor(as_text(last)) if last else None,
-        )
+        return _record_read(status, error, end, last)
     bounds = log_bounds(
         int(length), int(added), as_text(max_deleted), as_text(last_generated), as_text(first)
     )
-    tail_item = entry_item(as_text(tail[0]), flatten(tail[1])) if tail else None
+    return _log_read(bounds, raw, tail)
+
+
+def _record_read(status: Any, error: Any, end: Any, last: Any) -> LogRead:
+    """A read that found no log: what the run record says (its HMGET fields)."""
+    return LogRead(
+        exists=False,
+        bounds=None,
+        entries=[],
+        tail=None,
+        status=as_text(status),
+        error=orjson.loads(error) if error else None,
+        end_id=as_text(end) or None,
+        last_event=parse_cursor(as_text(last)) if last else None,
+    )
+
+
+def _log_read(bounds: Bounds, raw: Sequence[Any], tail: Any) -> LogRead:
+    """A read of an existing log: its bounds, the entries read, its newest entry."""
     return LogRead(
         exists=True,
         bounds=bounds,
         entries=decode_entries(raw),
-        tail=tail_item,
+        tail=entry_item(as_text(tail[0]), flatten(tail[1])) if tail else None,
         status="",
         error=None,
         end_id=None,
@@ -135,17 +144,7 @@ def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any]) -> LogR
     record, `info` XINFO STREAM of the log (an error reply when there is no log), `raw`
     the XRANGE from the reader's position."""
     if isinstance(info, Exception):
-        status, error, end, last = (value or b"" for value in record)
-        return LogRead(
-            exists=False,
-            bounds=None,
-            entries=[],
-            tail=None,
-            status=as_text(status),
-            error=orjson.loads(error) if error else None,
-            end_id=as_text(end) or None,
-            last_event=parse_cursor(as_text(last)) if last else None,
-        )
+        return _record_read(*(value or b"" for value in record))
     fields = stream_info(info)
     first = fields.get(b"first-entry")
     tail = fields.get(b"last-entry")
@@ -156,16 +155,7 @@ def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any]) -> LogR
         as_text(fields[b"last-generated-id"]),
         as_text(first[0]) if first else "",
     )
-    return LogRead(
-        exists=True,
-        bounds=bounds,
-        entries=decode_entries(raw),
-        tail=entry_item(as_text(tail[0]), flatten(tail[1])) if tail else None,
-        status="",
-        error=None,
-        end_id=None,
-        last_event=None,
-    )
+    return _log_read(bounds, raw, tail)
 
 
 class Push(NamedTuple):

@@ -250,7 +250,7 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
                 for n in range(2, 7):  # meanwhile: appends that trim past that tail
                     await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
                 read = await view.read(position, seen=True)  # its first read
-                _, decided = rules.decide(phase, position, True, read)
+                _, decided = rules.decide(phase, position, read)
             assert isinstance(decided, rules.Bounds), decided  # behind the floor: a gap
 
 
