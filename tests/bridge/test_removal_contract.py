@@ -376,3 +376,25 @@ async def test_a_cursor_into_a_removed_log_gets_a_gap_and_at_its_end_the_end(
             # A reader that had every event of the ended run learns how it ended.
             async with reading(bridge, ended, ended_ids[-1]) as it:
                 assert await until_terminal(it) == [End("success", None, end.id)]
+
+
+async def test_a_reader_at_the_end_made_before_the_removal_gets_the_end(
+    make_bridge: BridgeFactory,
+) -> None:
+    """A subscription made before the log is removed (the memory bridge captures the
+    log then) and first read after: at the run's last event it missed nothing, so both
+    backends give the END from the record (`rules.decide`, one place for both)."""
+    async with make_bridge() as bridge:
+        run_id = new_run_id()
+        token, ids = await started(bridge, run_id, 3)
+        end = await bridge.publish_end(run_id, "success", producer_token=token)
+        at_end = bridge.subscribe(run_id, ids[-1])
+        behind = bridge.subscribe(run_id, ids[0])
+        await bridge.cleanup(run_id)
+        with anyio.fail_after(TIMEOUT):
+            assert await until_terminal(at_end) == [End("success", None, end.id)]
+            assert await until_terminal(behind) == [
+                StreamGap(ids[0], None, None, "stream_removed")
+            ]
+        for it in (at_end, behind):
+            await it.aclose()
