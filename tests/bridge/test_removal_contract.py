@@ -393,8 +393,6 @@ async def test_a_reader_at_the_end_made_before_the_removal_gets_the_end(
         await bridge.cleanup(run_id)
         with anyio.fail_after(TIMEOUT):
             assert await until_terminal(at_end) == [End("success", None, end.id)]
-            assert await until_terminal(behind) == [
-                StreamGap(ids[0], None, None, "stream_removed")
-            ]
+            assert await until_terminal(behind) == [StreamGap(ids[0], None, None, "stream_removed")]
         for it in (at_end, behind):
             await it.aclose()
