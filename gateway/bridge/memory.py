@@ -11,7 +11,7 @@ with a moving head (evicted slots are dropped and the list compacted once half o
 dead), parallel parsed keys for `bisect` on reconnect, and absolute positions
 (`base + index`) so that a reader's step is O(1) and survives compaction.
 
-Fan-out. Readers wait on the generation's `Signal` (`deadlines.py`); a publish only
+Fan-out. Readers wait on the generation's `Changes` (`deadlines.py`); a publish only
 schedules one wake-up (replace-and-set), so a publish costs the same for 1 or 10,000
 subscribers and a burst of publishes coalesces into one wake-up, after which each reader
 takes everything new as one slice of the log (`subscribe_batches`). Wake-ups are paced
@@ -47,7 +47,7 @@ from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import Numbering, admit, advance, applied_ids, check_seq
 from ..sessions.memory import MemorySessionStore
 from ..settings import Settings
-from ..timing.deadlines import Deadlines, Signal
+from ..timing.deadlines import Changes, Deadlines, Signal
 from ..timing.pacing import WakePacer
 from ..values import (
     Claim,
@@ -83,16 +83,15 @@ class _Generation:
     end: End | None = None
     retired: bool = False
     last: EventKey | None = None  # the newest event id, kept when a retirement clears keys
-    changed: Signal = field(default_factory=lambda: Signal())
+    changes: Changes = field(default_factory=Changes)  # one signal for all its readers
     pacer: WakePacer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pacer = WakePacer(self.wake)
+        self.pacer = WakePacer(self.changes.fire)
 
     def wake(self) -> None:
-        """Wake every reader waiting on this generation (one signal for all of them)."""
-        signal, self.changed = self.changed, Signal()
-        signal.fire()
+        """Wake every reader waiting on this generation."""
+        self.changes.fire()
 
     @property
     def total(self) -> int:
@@ -711,7 +710,7 @@ class _MemoryView:
                 self._pending = pending
             waiter = pending.created
         else:
-            waiter = gen.changed
+            waiter = gen.changes.current
             gen.pacer.parked()
         loop = asyncio.get_running_loop()
         return await waiter.wait_until(self._bridge._deadlines_of(loop), deadline)

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from ..bridge.rules import Entry, LogRead, missed_events
 from ..cursor import EventKey, format_key, key_of, parse_cursor
-from ..timing.deadlines import Deadlines, Signal
+from ..timing.deadlines import Changes, Deadlines
 from ..timing.pacing import WakePacer
 from ..values import End
 from .codec import decode_push
@@ -77,8 +77,8 @@ class RunFeed:
         # wait, whereas a reader woken for each event went back to wait with a timer of
         # its own (a tenth of the cost of a delivery to a run's several readers).
         self._deadlines = deadlines
-        self._changed = Signal()
-        self._pacer = WakePacer(self.wake, contended_within=2.0)
+        self._changes = Changes()
+        self._pacer = WakePacer(self._changes.fire, contended_within=2.0)
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
         self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
@@ -108,11 +108,10 @@ class RunFeed:
         loop = asyncio.get_running_loop()
         if self._deadlines is None:
             self._deadlines = Deadlines(loop)
-        return await self._changed.wait_until(self._deadlines, deadline)
+        return await self._changes.current.wait_until(self._deadlines, deadline)
 
     def wake(self) -> None:
-        changed, self._changed = self._changed, Signal()
-        changed.fire()
+        self._changes.fire()
 
     def mark_stale(self) -> None:
         self.stale = True

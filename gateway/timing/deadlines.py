@@ -6,7 +6,8 @@ and the Redis bridge's run feeds), and the Redis bridge's bound on each command.
 - `Signal`, a one-shot wake-up waited with a deadline in `Deadlines`. An idle
   subscription is what a process holds thousands of, and a reader that takes an event
   goes back to wait at once: per wait, these cost one future and a place in a set, no
-  timer and no timeout context of its own.
+  timer and no timeout context of its own. `Changes` hands out a fresh one after each
+  wake-up: a log's "something changed".
 - `CallDeadlines`: what `asyncio.timeout` does for one call, in `Slots` (one loop timer
   however many calls start in the same slot). A timeout context creates and cancels a loop
   timer per call, which was about a tenth of the CPU of an awaited publish.
@@ -61,6 +62,27 @@ class Signal:
         finally:
             bucket.discard(waiter)
             self._waiters.discard(waiter)
+
+
+class Changes:
+    """A log's change signal: `current` is the `Signal` the next `fire` fires, and each
+    `fire` starts a new one (a reader takes `current` before it checks the log, so a change
+    after that check is never missed).
+
+    An object of its own so that the log's `WakePacer` can hold `fire` without holding
+    the log: a log that held a pacer holding the log's own bound method was a reference
+    cycle, so a released log (a feed nobody follows, a removed generation) kept its
+    entries until the cyclic collector's next full pass instead of freeing them at once.
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current = Signal()
+
+    def fire(self) -> None:
+        signal, self.current = self.current, Signal()
+        signal.fire()
 
 
 class Slots(Generic[T]):
