@@ -131,26 +131,36 @@ def measure(
     seconds: float,
     label: str = "",
     streamed: bool = False,
+    runs: int = 1,
 ) -> dict[str, float]:
-    run_id = f"tok-{followers}-{time.monotonic_ns()}"
-    # The run exists before the followers attach (the gateway answers 404 otherwise).
+    """`runs` runs at once, each with its producer (`rate` 0: as fast as it can) and
+    `followers` followers; figures per event over all of them."""
+    run_ids = [f"tok-{followers}-{i}-{time.monotonic_ns()}" for i in range(runs)]
+    # The runs exist before the followers attach (the gateway answers 404 otherwise).
     load = SSELoad(
         proc.port,
-        [ClientSpec(f"/v1/runs/{run_id}/stream")] * followers,
-        procs=1 if followers == 1 else 2,
+        [ClientSpec(f"/v1/runs/{run_id}/stream") for run_id in run_ids for _ in range(followers)],
+        procs=1 if followers * runs == 1 else 2,
         cpus=LOAD_CPU,
     )
     cpu0, rcpu0, calls0 = proc.cpu(), redis_cpu(redis), command_calls(redis)
-    pending = asyncio.run(_claim_only(proc.port, run_id))
-    load.start()
     produce = _produce_streamed if streamed else _produce_claimed
-    sent = asyncio.run(produce(proc.port, rate, seconds, run_id, pending))
-    result = load.wait(60)
+
+    async def producers() -> int:
+        tokens = [await _claim_only(proc.port, run_id) for run_id in run_ids]
+        load.start()
+        sent = await asyncio.gather(
+            *(produce(proc.port, rate, seconds, r, t) for r, t in zip(run_ids, tokens, strict=True))
+        )
+        return sum(sent)
+
+    sent = asyncio.run(producers())
+    result = load.wait(120)
     cpu, rcpu, calls = proc.cpu() - cpu0, redis_cpu(redis) - rcpu0, command_calls(redis) - calls0
-    if result.events != sent * followers or result.finished != followers:
+    if result.events != sent * followers or result.finished != followers * runs:
         print(
             f"warning{label}: {result.events} of {sent * followers} events delivered, "
-            f"{result.finished} of {followers} followers got the end frame",
+            f"{result.finished} of {followers * runs} followers got the end frame",
             file=sys.stderr,
         )
     delivered = max(1, result.events)
@@ -178,7 +188,7 @@ async def _claim_only(port: int, run_id: str) -> str:
 async def _produce_claimed(port: int, rate: float, seconds: float, run_id: str, token: str) -> int:
     http = HttpClient("127.0.0.1", port)
     headers = {"X-Producer-Token": token}
-    interval = 1 / rate
+    interval = 1 / rate if rate else 0.0
     start = time.perf_counter()
     sent = 0
     while time.perf_counter() - start < seconds:
@@ -189,7 +199,8 @@ async def _produce_claimed(port: int, rate: float, seconds: float, run_id: str, 
         )
         assert status == 200, status
         sent += 1
-        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+        if interval:
+            await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
     await http.post_json(f"/v1/runs/{run_id}/end", {"status": "success"}, headers)
     http.close()
     return sent
@@ -224,20 +235,18 @@ async def _produce_streamed(port: int, rate: float, seconds: float, run_id: str,
                 last = line
 
     acks = asyncio.ensure_future(read_acks())
-    interval = 1 / rate
+    interval = 1 / rate if rate else 0.0
     start = time.perf_counter()
     sent = 0
     while time.perf_counter() - start < seconds:
-        line = (
-            json.dumps(
-                {"event": "token", "data": {"t": time.time(), "text": "tok"}}, separators=(",", ":")
-            ).encode()
-            + b"\n"
-        )
+        line = b'{"event":"token","data":{"t":%r,"text":"tok"}}\n' % time.time()
         writer.write(b"%x\r\n%s\r\n" % (len(line), line))
-        await writer.drain()
+        await writer.drain()  # (returns at once unless the server has stopped reading)
         sent += 1
-        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+        if interval:
+            await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+        elif sent % 64 == 0:
+            await asyncio.sleep(0)  # let the acks and the other producers run
     writer.write(b"0\r\n\r\n")
     await writer.drain()
     done = json.loads(await asyncio.wait_for(acks, 30))
@@ -254,7 +263,10 @@ async def _produce_streamed(port: int, rate: float, seconds: float, run_id: str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 s per case instead of 20")
-    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument(
+        "--rate", type=float, default=100.0, help="tokens/s per producer; 0: as fast as it can"
+    )
+    parser.add_argument("--runs", type=int, default=1, help="runs streaming at once")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--followers", default="1,100")
     parser.add_argument(
@@ -277,10 +289,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
         pin(server.proc.pid, LOAD_CPU)  # type: ignore[union-attr]
         redis = server.client()
-        print(f"one token per POST at {args.rate:g} ev/s for {seconds:g} s, Redis bridge")
+        pace = f"{args.rate:g} ev/s" if args.rate else "full speed"
+        print(f"{args.runs} run(s), each at {pace} for {seconds:g} s, Redis bridge")
         header = (
             f"{'server':<17}{'followers':>10}{'server µs/ev':>14}{'µs/delivered':>14}"
-            f"{'redis µs/ev':>13}{'cmds/ev':>9}{'p50 ms':>9}{'p99 ms':>9}"
+            f"{'redis µs/ev':>13}{'cmds/ev':>9}{'p50 ms':>9}{'p99 ms':>9}{'events':>9}"
         )
         print(header)
         for followers in (int(f) for f in args.followers.split(",")):
@@ -288,7 +301,9 @@ def main() -> None:
                 port = free_port()
                 log = Path(tmp) / f"{name}-{followers}.log"
                 if name in ("gateway", "gateway-stream"):
-                    proc = gateway_proc(port, SERVER_CPU, log, server.url)
+                    # (Retention past what a lagging follower needs at full speed.)
+                    retain = ("--max-events-per-run", "1000000") if not args.rate else ()
+                    proc = gateway_proc(port, SERVER_CPU, log, server.url, *retain)
                 elif name == "naive":
                     proc = baseline_proc("redis", port, SERVER_CPU, log, server.url)
                 else:
@@ -300,14 +315,29 @@ def main() -> None:
                     streamed = name == "gateway-stream"
                     if args.warmup > 0:  # Node's JIT warms up for about a second
                         measure(
-                            proc, redis, followers, args.rate, args.warmup, " (warm-up)", streamed
+                            proc,
+                            redis,
+                            followers,
+                            args.rate,
+                            args.warmup,
+                            " (warm-up)",
+                            streamed,
+                            args.runs,
                         )
-                    row = measure(proc, redis, followers, args.rate, seconds, streamed=streamed)
+                    row = measure(
+                        proc,
+                        redis,
+                        followers,
+                        args.rate,
+                        seconds,
+                        streamed=streamed,
+                        runs=args.runs,
+                    )
                 print(
                     f"{name:<17}{followers:>10}{row['server_us_per_event']:>14.0f}"
                     f"{row['server_us_per_delivered']:>14.0f}{row['redis_us_per_event']:>13.0f}"
-                    f"{row['redis_commands_per_event']:>9.1f}{row['p50_ms']:>9.2f}"
-                    f"{row['p99_ms']:>9.2f}",
+                    f"{row['redis_commands_per_event']:>9.2f}{row['p50_ms']:>9.2f}"
+                    f"{row['p99_ms']:>9.2f}{row['sent']:>9}",
                     flush=True,
                 )
 
