@@ -360,7 +360,8 @@ class MemoryStreamBridge:
         last_event_id: str | None = None,
         heartbeat_interval: float | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        return one_by_one(self._batches(run_id, last_event_id, heartbeat_interval, 1))
+        batches = self._batches(run_id, last_event_id, heartbeat_interval, rules.READ_BATCH)
+        return one_by_one(batches)
 
     def subscribe_batches(
         self,
@@ -610,7 +611,7 @@ class _MemoryView:
         self._bridge = bridge
         self._run_id = run_id
         self._gen = gen
-        self._limit = limit  # events per step (`subscribe` takes one at a time)
+        self._limit = limit  # events per direct read (`subscribe`: rules.READ_BATCH, as on Redis)
         self._pending: _Pending | None = None  # registered while waiting for a first log
         self._at: EventKey | None = None  # the newest event handed out ...
         self._pos = 0  # ... and the absolute position after it

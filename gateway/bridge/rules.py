@@ -22,7 +22,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from ..cursor import UINT64_MAX, EventKey, MalformedCursor, format_key, parse_cursor
 from ..errors import InvalidInput
@@ -30,6 +30,11 @@ from ..names import check_event_name
 from ..values import End, GapReason, StreamEvent, StreamGap, StreamItem, encode_json
 
 Entry: TypeAlias = StreamEvent | End
+
+# A reader's direct read takes at most this many events (both backends): a reader far
+# behind the log holds no more than this in one step, and one that takes its items one
+# at a time (`subscribe`) learns of a removal within this many.
+READ_BATCH: Final = 512
 
 
 @dataclass(frozen=True, slots=True)

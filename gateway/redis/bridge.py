@@ -38,7 +38,7 @@ from redis.driver_info import DriverInfo
 from ..bridge import rules
 from ..bridge.base import one_by_one
 from ..bridge.reader import Placement, follow_log
-from ..bridge.rules import Entry, LogRead
+from ..bridge.rules import READ_BATCH, Entry, LogRead
 from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..errors import (
     BackendUnavailable,
@@ -91,7 +91,6 @@ log = logging.getLogger(__name__)
 RedisClient = Redis | RedisCluster
 T = TypeVar("T")
 
-READ_BATCH: Final = 512
 SHARED_OPENS: Final = 256  # `open_stream` reads kept for sharing (runs x positions)
 # Notifications carry the appended events up to this size (larger ones make readers
 # read the log), so a gateway following a run delivers without a read per change.

@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from gateway.bridge.memory import MemoryStreamBridge
+from gateway.bridge.rules import READ_BATCH
 from gateway.errors import (
     BridgeClosed,
     InvalidInput,
@@ -331,16 +332,23 @@ async def test_cleanup_wakes_a_tailing_reader_with_an_empty_gap(bridge: MemorySt
 
 
 async def test_cleanup_mid_replay_gives_gap_but_a_fully_consumed_ended_run_gives_end() -> None:
+    """A reader takes up to `READ_BATCH` events per read, as on Redis: one mid-replay
+    when the log goes gets the rest of what it read, then a gap; one that read the whole
+    ended log gets its END."""
     bridge = make()
-    token, published = await started(bridge, "r", 3)
-    end = await bridge.publish_end("r", "success", producer_token=token)
+    claim = await bridge.claim("r")
+    batch = [("tick", {"i": i}) for i in range(READ_BATCH + 3)]
+    published = list((await bridge.publish_many("r", batch, producer_token=claim.token)).ids)
+    end = await bridge.publish_end("r", "success", producer_token=claim.token)
     midway = bridge.subscribe("r")
     await nxt(midway)
     done = bridge.subscribe("r")
-    for _ in range(3):
+    for _ in range(len(published)):
         await nxt(done)  # consumed every event, END not yet read
     await bridge.cleanup("r")
-    assert await nxt(midway) == removed_after(published[0])
+    rest = await drain(midway)
+    assert [item.id for item in rest[:-1]] == published[1:READ_BATCH]  # type: ignore[union-attr]
+    assert rest[-1] == removed_after(published[READ_BATCH - 1])
     assert await nxt(done) == End("success", None, end.id)
 
 
