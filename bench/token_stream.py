@@ -26,8 +26,13 @@ second's latencies (80-130 ms at 100 followers) into the p99.
 The server is pinned to CPU 0 (node through `taskset` before exec, so that its startup
 threads are pinned too); redis-server, the producer and the followers to CPU 1.
 
+`--runs N` streams N runs at once, each with its producer and followers; `--rate 0` lets
+every producer write as fast as it can (the full-speed case: `--runs 10 --rate 0
+--followers 1`, where the gateway retains 1,000,000 events per run so that a follower
+that lags gets every event rather than a gap).
+
 Run: .venv/bin/python bench/token_stream.py [--quick] [--rate 100] [--seconds 20]
-     [--servers gateway,naive,resumable-stream] [--warmup 1]
+     [--servers gateway,naive,resumable-stream] [--warmup 1] [--runs 1]
 """
 
 from __future__ import annotations
