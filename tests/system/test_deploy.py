@@ -342,9 +342,12 @@ async def test_heartbeats_pass_through_unbuffered(client: httpx.AsyncClient, kin
                     if len(arrivals) == 4:
                         break
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-        # Each heartbeat arrives on its own, about HEARTBEAT apart (a buffering proxy
-        # would hold them back and release them in bursts, or not at all).
-        assert all(HEARTBEAT * 0.5 < g < HEARTBEAT * 3 for g in gaps), gaps
+        # Each heartbeat arrives on its own, about HEARTBEAT apart: a buffering proxy
+        # would hold them back and release them in bursts (gaps near 0), or not at all.
+        # One arrival late under load shortens the gap after it, so each gap has a loose
+        # floor and their sum (the span, which one late arrival barely moves) the bounds.
+        assert all(HEARTBEAT * 0.2 < g < HEARTBEAT * 3 for g in gaps), gaps
+        assert HEARTBEAT * 2 < sum(gaps) < HEARTBEAT * 6, gaps
         await producer.end()
         end = await next_event(frames)
         assert end.event == "end"
