@@ -143,14 +143,21 @@ class Turns:
         stale = 0
         while stale < len(self._idle_since) and self._idle_since[stale] < before:
             stale += 1  # oldest first: those kept longest ago
-        doomed = self._idle[:stale]
+        unused = self._idle[:stale]
         del self._idle[:stale], self._idle_since[:stale]
-        self._kept -= stale
+        doomed: list[AbstractConnection] = []
         try:
-            # (The pool's: `CheckedPool.take_idle`, when it is one.)
+            # Given back before they are closed: the pool counts a connection it handed
+            # out against its size until it has it back, so a kept one closed without
+            # that held a place in the pool for good, and enough of them (a burst's
+            # worth each time the load fell) left it none to give (MaxConnectionsError).
+            for connection in unused:
+                await self._give_back(connection)
+            # (The pool's: `CheckedPool.take_idle`, when it is one; without it they stay
+            # in the pool, as redis-py's own pool keeps what it opened.)
             take_idle = getattr(self._pool, "take_idle", None)
             if take_idle is not None:
-                doomed += await take_idle(before)
+                doomed = await take_idle(before, unused)
         finally:
             self._checking = False
             for connection in doomed:  # out of every list already: no one else has it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import hiredis
@@ -75,12 +76,16 @@ class CheckedPool(ConnectionPool):
         self._returned[connection] = time.monotonic()
         await super().release(connection)
 
-    async def take_idle(self, before: float) -> list[AbstractConnection]:
+    async def take_idle(
+        self, before: float, also: Iterable[AbstractConnection] = ()
+    ) -> list[AbstractConnection]:
         """Take out of the pool the free connections returned before `before` (monotonic
-        seconds); the caller disconnects them. (redis-py's pool has no public way to
-        shrink: `compat.take_free` holds the one use of its internals.)"""
+        seconds), and those of `also` still free; the caller disconnects them. (redis-py's
+        pool has no public way to shrink: `compat.take_free` holds the one use of its
+        internals.)"""
         returned = self._returned
-        return await take_free(self, lambda c: returned.get(c, before) < before)
+        chosen = set(also)
+        return await take_free(self, lambda c: c in chosen or returned.get(c, before) < before)
 
     async def ensure_connection(self, connection: AbstractConnection) -> None:
         if connection.is_connected:

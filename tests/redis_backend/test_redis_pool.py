@@ -12,6 +12,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from gateway.bridge.base import StreamBridge
 from gateway.bridge.provider import open_bridge
 from gateway.sessions.provider import session_store_for
 from gateway.settings import Settings
@@ -232,6 +233,51 @@ async def test_connections_follow_the_load_one_follower_and_a_producer_hold_four
                     await bridge.publish_end("steady", "success", producer_token=token)
         assert max(samples) <= 4, (burst, samples)
         assert got == sent
+    finally:
+        await raw.aclose()
+
+
+async def publish(bridge: StreamBridge, run_id: str, token: str, value: int) -> None:
+    await bridge.publish(run_id, "e", value, producer_token=token)
+
+
+async def test_closing_idle_connections_gives_their_places_back_to_the_pool(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """Connections a burst opened and the load no longer uses are closed, and the pool
+    gets each one's place back: bursts and quiet spells, one after another, never leave
+    a caller without a connection (redis-py's MaxConnectionsError, a 503). Before, a kept
+    connection was closed while the pool still counted it as handed out, so after one
+    burst and one quiet spell the next burst found the pool full."""
+    idle = 0.2
+    settings = Settings(
+        redis_url=fresh_redis.url,
+        redis_key_prefix=key_prefix,
+        redis_max_connections=4,
+        redis_idle_connection_seconds=idle,
+    )
+    raw = Redis.from_url(fresh_redis.url, client_name="test-admin")
+    try:
+        async with open_bridge(settings) as bridge:
+            runs = [f"idle-{n}" for n in range(8)]
+            tokens = [(await bridge.claim(run_id, lease_seconds=60)).token for run_id in runs]
+            with anyio.fail_after(20):
+                for cycle in range(4):
+                    # A burst: more scripts at once than the pool has connections, so
+                    # every one of its 4 places is opened.
+                    async with anyio.create_task_group() as tg:
+                        for run_id, token in zip(runs, tokens, strict=True):
+                            tg.start_soon(publish, bridge, run_id, token, cycle)
+                    # A quiet spell longer than the idle limit (the feature is a time
+                    # limit: this waits it out), then one call, whose turn's end closes
+                    # the connections left unused.
+                    await anyio.sleep(idle * 1.5)
+                    assert await bridge.get_run(runs[0]) is not None
+            held = [c for c in await raw.client_list() if c.get("name") != "test-admin"]
+            assert len(held) <= 3, held  # the bursts' connections were closed meanwhile
+            for run_id in runs:
+                info = await bridge.get_run(run_id)
+                assert info is not None and info.last_event_id is not None
     finally:
         await raw.aclose()
 
