@@ -4,8 +4,9 @@ one of them running another source tree, measured in alternating rounds.
 On a shared machine the CPU per event of bench/token_stream.py moves by ±30 % from run
 to run (other jobs' bursts, cold caches), more than most single changes save; two
 servers alive side by side, measured turn about (A B, B A, ...), see the same machine.
-Each round is token_stream.py's `gateway-stream` case: one follower, one streamed
-append with a line per token at `--rate`, server CPU from /proc.
+Each round is token_stream.py's `gateway-stream` case: `--followers` followers (1 by
+default), one streamed append with a line per token at `--rate`, server CPU from /proc
+(per delivered event with more than one follower).
 
 A is the gateway in `--baseline` (a checkout of another commit, e.g.
 `git worktree add /tmp/base <commit>` or `git archive <commit> | tar -x -C /tmp/base`:
@@ -13,7 +14,7 @@ its `gateway` package is put first on the server's PYTHONPATH); B is this tree.
 Servers on CPU 0; Redis, the producer and the follower on CPU 1.
 
 Run: .venv/bin/python bench/token_stream_ab.py --baseline /tmp/base [--rounds 8]
-     [--seconds 4] [--rate 100]
+     [--seconds 4] [--rate 100] [--followers 1]
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--followers", type=int, default=1)
     args = parser.parse_args()
     baseline = Path(args.baseline).resolve()
     if not (baseline / "gateway" / "__init__.py").is_file():
@@ -66,14 +68,20 @@ def main() -> None:
         procs = {"A": a, "B": b}
         try:
             for proc in procs.values():  # warm-up, not measured
-                measure(proc, redis, 1, args.rate, 1.0, " (warm-up)", streamed=True)
-            print(f"A = {baseline}, B = this tree; server µs per event, {args.rate:g} tokens/s")
+                measure(proc, redis, args.followers, args.rate, 1.0, " (warm-up)", streamed=True)
+            unit = "event" if args.followers == 1 else "delivered event"
+            print(
+                f"A = {baseline}, B = this tree; server µs per {unit}, {args.rate:g} tokens/s, "
+                f"{args.followers} follower(s)"
+            )
             for n in range(args.rounds):
                 for name in ("A", "B") if n % 2 == 0 else ("B", "A"):
-                    row = measure(procs[name], redis, 1, args.rate, args.seconds, streamed=True)
-                    cpu[name].append(row["server_us_per_event"])
+                    row = measure(
+                        procs[name], redis, args.followers, args.rate, args.seconds, streamed=True
+                    )
+                    cpu[name].append(row["server_us_per_delivered"])
                     print(
-                        f"round {n} {name}: {row['server_us_per_event']:.0f} µs/event, "
+                        f"round {n} {name}: {row['server_us_per_delivered']:.1f} µs/{unit}, "
                         f"p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms",
                         flush=True,
                     )
@@ -81,8 +89,8 @@ def main() -> None:
             for proc in procs.values():
                 proc.stop()
     pairs = [b / a for a, b in zip(cpu["A"], cpu["B"], strict=True)]
-    print(f"A: {' '.join(f'{v:.0f}' for v in cpu['A'])}")
-    print(f"B: {' '.join(f'{v:.0f}' for v in cpu['B'])}")
+    print(f"A: {' '.join(f'{v:.1f}' for v in cpu['A'])}")
+    print(f"B: {' '.join(f'{v:.1f}' for v in cpu['B'])}")
     print(
         f"B/A: sums {sum(cpu['B']) / sum(cpu['A']):.2f}, median of rounds "
         f"{statistics.median(pairs):.2f}, B lower in {sum(p < 1 for p in pairs)} of {len(pairs)}"

@@ -388,10 +388,13 @@ class MemoryStreamBridge:
         view = _MemoryView(self, run_id, run.gen if run else None, limit)
         return follow_log(view, rules.parse_start(last_event_id), interval)
 
-    def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> Deadlines:
-        if self._deadlines is None:
-            self._deadlines = Deadlines(loop)
-        return self._deadlines
+    def _deadlines_here(self) -> Deadlines:
+        deadlines = self._deadlines
+        if deadlines is None:
+            # (Looked up only once: asyncio's get_running_loop() is a getpid() system
+            # call, which once per wait was a syscall per delivered event.)
+            deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
+        return deadlines
 
     def _release(self, run_id: str, pending: _Pending | None) -> None:
         if pending is not None:
@@ -713,8 +716,7 @@ class _MemoryView:
         else:
             waiter = gen.changes.current
             gen.pacer.parked()
-        loop = asyncio.get_running_loop()
-        return await waiter.wait_until(self._bridge._deadlines_of(loop), deadline)
+        return await waiter.wait_until(self._bridge._deadlines_here(), deadline)
 
     def key_of(self, event: StreamEvent) -> EventKey:
         assert self._at is not None  # `event` came from `_slice`, which set it

@@ -105,10 +105,12 @@ class RunFeed:
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
         # that kept reading). A `Signal`'s wait is a plain future.
         self._pacer.parked()
-        loop = asyncio.get_running_loop()
-        if self._deadlines is None:
-            self._deadlines = Deadlines(loop)
-        return await self._changes.current.wait_until(self._deadlines, deadline)
+        deadlines = self._deadlines
+        if deadlines is None:
+            # (Once: asyncio's get_running_loop() is a getpid() system call, which on
+            # every wait was one per delivered event.)
+            deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
+        return await self._changes.current.wait_until(deadlines, deadline)
 
     def wake(self) -> None:
         self._changes.fire()

@@ -46,6 +46,7 @@ class WakePacer:
 
     __slots__ = (
         "_contended_within",
+        "_loop",
         "_wake",
         "appended",
         "appended_before",
@@ -57,6 +58,7 @@ class WakePacer:
     def __init__(self, wake: Callable[[], None], *, contended_within: float = 1.0) -> None:
         self._wake = wake
         self._contended_within = contended_within
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first wake-up
         self.scheduled = False
         self.last_wake = float("-inf")  # the last wake-up
         self.readers_parked = float("-inf")  # a caught-up reader last went to wait
@@ -96,7 +98,9 @@ class WakePacer:
 
     def _at(self, when: float, now: float) -> None:
         """Run `_due` at perf-counter time `when` (next tick if that has passed)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # (looked up once: get_running_loop() is a getpid() system call)
+            loop = self._loop = asyncio.get_running_loop()
         if when <= now:
             loop.call_soon(self._due)
         else:
