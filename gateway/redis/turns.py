@@ -10,10 +10,13 @@ Scripts (every write, and the readers' `read.lua`) are most of the traffic and n
 none of the client's per-command machinery (response callbacks, retries, which are off
 anyway, and the pool's checkout and check-in, about a quarter of a script call's CPU):
 a script turn (`connection()`) gets a connection the turns keep between uses, and sends
-on it directly. Kept connections stay checked out of the pool, so the pool could run dry
-for a caller that uses the client itself; such a turn first gives back an idle kept
-connection whenever kept ones and pool turns together would exceed the pool's size.
-(Kept connections in use and pool turns together never do: they hold turns.)
+on it directly. Kept connections stay checked out of the pool (it counts them against its
+size until it has them back), so the pool could run dry for a caller with a turn; such a
+turn first gives back idle kept connections whenever kept ones (idle, in use, being
+opened) and pool turns together would exceed the pool's size, and waits until the pool
+has them. (Those in use or being opened and the pool turns together never do: they hold
+turns.) A give-back runs in a task of its own and the connection counts as kept until
+it is done, so no cancellation leaves a connection out of both the turns and the pool.
 
 Connections follow the load: both kinds are opened only when every open one is busy
 (redis-py's pool makes one when its free list is empty; a script turn takes the kept one
@@ -70,6 +73,11 @@ class Turns:
         self._next_check = time.monotonic() + idle_seconds / 4
         self._checking = False
         self._connecting = 0  # kept connections being opened
+        # Kept connections being given back to the pool: still counted in `_kept` (the
+        # pool counts them as handed out until its release has run), and turns that need
+        # the pool's room wait for them (`_wait_room`).
+        self._returning = 0
+        self._room: list[asyncio.Future[None]] = []
         # Script turns waiting for a kept connection (`CONNECTING_AT_ONCE`): each is
         # handed the next one given back, or None: "open one yourself" (a connect failed).
         self._waiting: deque[asyncio.Future[AbstractConnection | None]] = deque()
@@ -82,23 +90,55 @@ class Turns:
         await self._semaphore.acquire()
         self._pooled += 1
         try:
-            while self._kept + self._pooled > self._size and self._idle:
-                self._idle_since.pop()
-                await self._give_back(self._idle.pop())
+            # The pool must have room for this turn: every connection it counts as handed
+            # out is a kept one (idle, in use, being opened or given back) or another pool
+            # turn's. Turns hold the pool's size in permits, so only idle kept connections
+            # can be over; give them back, and wait until the pool has them.
+            while self._over():
+                if self._idle and self._over(self._returning):
+                    self._idle_since.pop()
+                    self._give_back(self._idle.pop())
+                else:  # enough are on their way back
+                    await self._wait_room()
         except BaseException:
             self._leave_pool()
             raise
 
-    async def _give_back(self, connection: AbstractConnection) -> None:
-        self._kept -= 1
+    def _over(self, returning: int = 0) -> bool:
+        """More connections counted as handed out than the pool's size (less those
+        `returning`: the ones on their way back)."""
+        return self._kept - returning + self._connecting + self._pooled > self._size
+
+    def _give_back(self, connection: AbstractConnection) -> None:
+        """Return a kept connection to the pool, in a task of its own: no cancellation of
+        the caller can leave it out of both the turns and the pool. It stays counted in
+        `_kept` until the pool has it (redis-py's release takes a lock, and a task runs
+        later): a turn that needs the room meanwhile waits (`_wait_room`)."""
         assert self._pool is not None
-        # Shielded from a cancellation of the caller (redis-py's release takes the
-        # connection off its in-use set before its first await, so even then the pool
-        # has it back before another turn can ask for it).
-        try:
-            await asyncio.shield(self._pool.release(connection))
-        except (ConnectionError, OSError) as exc:  # it is out of use either way
+        self._returning += 1
+        task = asyncio.ensure_future(self._pool.release(connection))
+        task.add_done_callback(self._given_back)
+
+    def _given_back(self, task: asyncio.Future[None]) -> None:
+        self._returning -= 1
+        self._kept -= 1
+        if not task.cancelled() and (exc := task.exception()) is not None:
             log.info("giving a kept Redis connection back failed: %s", exc)
+        waiters, self._room = self._room, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_room(self) -> None:
+        """Until a kept connection being given back is back in the pool."""
+        assert self._returning, "nothing is being given back: no room will come"
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._room.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():
+                self._room.remove(waiter)
 
     async def __aexit__(
         self,
@@ -145,14 +185,21 @@ class Turns:
             stale += 1  # oldest first: those kept longest ago
         unused = self._idle[:stale]
         del self._idle[:stale], self._idle_since[:stale]
+        # Given back before they are closed, all at once and before any await (so that
+        # no cancellation of this turn's caller can drop one): the pool counts a kept
+        # connection as handed out until it has it back, so one closed without that
+        # held a place in the pool for good (MaxConnectionsError once enough had).
+        for connection in unused:
+            self._give_back(connection)
+        # The rest is cleanup that awaits: shielded, it finishes even if the caller is
+        # cancelled (a connection left behind would stay open with no owner).
+        await asyncio.shield(self._close(before, unused))
+
+    async def _close(self, before: float, unused: list[AbstractConnection]) -> None:
         doomed: list[AbstractConnection] = []
         try:
-            # Given back before they are closed: the pool counts a connection it handed
-            # out against its size until it has it back, so a kept one closed without
-            # that held a place in the pool for good, and enough of them (a burst's
-            # worth each time the load fell) left it none to give (MaxConnectionsError).
-            for connection in unused:
-                await self._give_back(connection)
+            while self._returning:  # (ours, and any other give-back in flight)
+                await self._wait_room()
             # (The pool's: `CheckedPool.take_idle`, when it is one; without it they stay
             # in the pool, as redis-py's own pool keeps what it opened.)
             take_idle = getattr(self._pool, "take_idle", None)
@@ -162,7 +209,7 @@ class Turns:
             self._checking = False
             for connection in doomed:  # out of every list already: no one else has it
                 try:
-                    await asyncio.shield(connection.disconnect(nowait=True))
+                    await connection.disconnect(nowait=True)
                 except (ConnectionError, OSError) as exc:
                     log.info("closing an idle Redis connection failed: %s", exc)
 
@@ -178,6 +225,8 @@ class Turns:
         self._idle_since.clear()
         while self._waiting:  # they find the pool closed, rather than wait out their deadline
             self._let_one_connect()
+        while self._returning:  # (no give-back task outlives the bridge)
+            await self._wait_room()
         while self._idle:
             await self._idle.pop().disconnect(nowait=True)
 
@@ -197,8 +246,13 @@ class Turns:
             connection = held.connection = self._idle.pop()
             await self._pool.ensure_connection(connection)
             return connection
-        # The pool has one free: kept ones in use and pool turns hold turns, and there
-        # is no idle kept one (see the module docstring).
+        if self._kept + self._connecting + self._pooled >= self._size and self._returning:
+            # The pool may be full of kept connections being given back (they hold no
+            # turn): wait until one is back in it, then look again.
+            await self._wait_room()
+            return await self._checkout(held)
+        # The pool has one free: kept ones in use, those being opened and pool turns
+        # hold turns, and there is no idle or returning kept one (module docstring).
         self._connecting += 1
         try:
             made: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
