@@ -1,6 +1,8 @@
 """Streamed appends (PROTOCOL 3.3): one `POST …/events` with an ndjson body per turn.
 
-A real uvicorn server on both bridges (`gateway_server`). Two real clients: httpx with a
+A real uvicorn server on both bridges and on a Redis Cluster (`gateway_server`, this
+module's: the streamed append's numbering and overlap rule run in the cluster's scripts
+too). Two real clients: httpx with a
 streaming request body (it sends the whole body before it reads the reply, as the
 Python producer client does), and aiohttp, which reads the reply while its body is still
 being sent, for the acknowledgements that arrive while the body is open.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -26,8 +28,29 @@ from tests.support.http_server import ProducerClient, RunningServer
 from tests.support.sse_client import read_stream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-gateway_server = http_server.gateway_server
 client = http_server.client
+
+
+@pytest.fixture(params=["memory", "redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+def gateway_server(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[RunningServer]:
+    """A running gateway on the memory bridge, on Redis and on a Redis Cluster."""
+    backend = str(request.param)
+    url: str | None = None
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif backend == "cluster":
+        url = request.getfixturevalue("redis_cluster").url.replace(
+            "redis://", "redis+cluster://", 1
+        )
+        backend = "redis"
+    overrides: dict[str, Any] = {}
+    marker = request.node.get_closest_marker("gateway_settings")
+    if marker is not None:
+        overrides.update(marker.kwargs)
+    settings = http_server.make_settings(backend, url, key_prefix, **overrides)
+    with http_server.serve(settings, backend) as srv:
+        yield srv
+
 
 NDJSON = "application/x-ndjson"
 TIMEOUT = 10.0
