@@ -312,11 +312,13 @@ class RedisStreamBridge:
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         await self._task_group.start(self._notifier.run)
+        self._turns.give_back_in(self._task_group)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         with anyio.CancelScope(shield=True):
             await self.close()
+        self._turns.give_back_in(None)
         if self._task_group is not None:
             self._task_group.cancel_scope.cancel()
             await self._task_group.__aexit__(None, None, None)

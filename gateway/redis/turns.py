@@ -15,8 +15,9 @@ size until it has them back), so the pool could run dry for a caller with a turn
 turn first gives back idle kept connections whenever kept ones (idle, in use, being
 opened) and pool turns together would exceed the pool's size, and waits until the pool
 has them. (Those in use or being opened and the pool turns together never do: they hold
-turns.) A give-back runs in a task of its own and the connection counts as kept until
-it is done, so no cancellation leaves a connection out of both the turns and the pool.
+turns.) A give-back runs in the bridge's task group (`give_back_in`), not in the caller,
+and the connection counts as kept until it is done, so no cancellation of a caller
+leaves a connection out of both the turns and the pool.
 
 Connections follow the load: both kinds are opened only when every open one is busy
 (redis-py's pool makes one when its free list is empty; a script turn takes the kept one
@@ -37,6 +38,8 @@ from collections import deque
 from types import TracebackType
 from typing import Any
 
+import anyio
+from anyio.abc import TaskGroup
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError, ResponseError
@@ -78,6 +81,7 @@ class Turns:
         # the pool's room wait for them (`_wait_room`).
         self._returning = 0
         self._room: list[asyncio.Future[None]] = []
+        self._tasks: TaskGroup | None = None  # where give-backs run (`give_back_in`)
         # Script turns waiting for a kept connection (`CONNECTING_AT_ONCE`): each is
         # handed the next one given back, or None: "open one yourself" (a connect failed).
         self._waiting: deque[asyncio.Future[AbstractConnection | None]] = deque()
@@ -95,11 +99,13 @@ class Turns:
             # turn's. Turns hold the pool's size in permits, so only idle kept connections
             # can be over; give them back, and wait until the pool has them.
             while self._over():
-                if self._idle and self._over(self._returning):
+                if self._idle and self._tasks is not None and self._over(self._returning):
                     self._idle_since.pop()
                     self._give_back(self._idle.pop())
-                else:  # enough are on their way back
+                elif self._returning:  # enough are on their way back
                     await self._wait_room()
+                else:  # (a bridge not entered gives nothing back: `give_back_in`)
+                    break
         except BaseException:
             self._leave_pool()
             raise
@@ -109,25 +115,34 @@ class Turns:
         `returning`: the ones on their way back)."""
         return self._kept - returning + self._connecting + self._pooled > self._size
 
-    def _give_back(self, connection: AbstractConnection) -> None:
-        """Return a kept connection to the pool, in a task of its own: no cancellation of
-        the caller can leave it out of both the turns and the pool. It stays counted in
-        `_kept` until the pool has it (redis-py's release takes a lock, and a task runs
-        later): a turn that needs the room meanwhile waits (`_wait_room`)."""
-        assert self._pool is not None
-        self._returning += 1
-        task = asyncio.ensure_future(self._pool.release(connection))
-        task.add_done_callback(self._given_back)
+    def give_back_in(self, tasks: TaskGroup | None) -> None:
+        """Run give-backs and idle closing in `tasks` (the bridge's task group, while it
+        is entered). Without one (a bridge used without `async with`, which also hears no
+        notifications) kept connections are never given back or closed."""
+        self._tasks = tasks
 
-    def _given_back(self, task: asyncio.Future[None]) -> None:
-        self._returning -= 1
-        self._kept -= 1
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.info("giving a kept Redis connection back failed: %s", exc)
-        waiters, self._room = self._room, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def _give_back(self, connection: AbstractConnection) -> None:
+        """Return a kept connection to the pool, in the bridge's task group rather than
+        in the caller: no cancellation of a caller can leave it out of both the turns and
+        the pool. It stays counted in `_kept` until the pool has it (redis-py's release
+        takes a lock): a turn that needs the room meanwhile waits (`_wait_room`)."""
+        assert self._tasks is not None
+        self._returning += 1
+        self._tasks.start_soon(self._release, connection)
+
+    async def _release(self, connection: AbstractConnection) -> None:
+        assert self._pool is not None
+        try:
+            await self._pool.release(connection)
+        except Exception as exc:  # (it is out of the turns' use either way)
+            log.warning("giving a kept Redis connection back failed: %r", exc)
+        finally:
+            self._returning -= 1
+            self._kept -= 1
+            waiters, self._room = self._room, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _wait_room(self) -> None:
         """Until a kept connection being given back is back in the pool."""
@@ -172,9 +187,10 @@ class Turns:
 
     async def _close_idle(self) -> None:
         """Close the connections (kept, and the pool's free ones) unused for
-        `idle_seconds`. Called as a turn ends, at most every `idle_seconds / 4`: no
-        timer, and a process that makes no call at all has none to close."""
-        if self._checking or self._pool is None:
+        `idle_seconds`. Checked as a turn ends, at most every `idle_seconds / 4`: no
+        timer, and a process that makes no call at all has none to close. The closing
+        runs in the bridge's task group: the turn's caller does not wait for it."""
+        if self._checking or self._pool is None or self._tasks is None:
             return
         self._checking = True
         now = time.monotonic()
@@ -185,15 +201,12 @@ class Turns:
             stale += 1  # oldest first: those kept longest ago
         unused = self._idle[:stale]
         del self._idle[:stale], self._idle_since[:stale]
-        # Given back before they are closed, all at once and before any await (so that
-        # no cancellation of this turn's caller can drop one): the pool counts a kept
-        # connection as handed out until it has it back, so one closed without that
-        # held a place in the pool for good (MaxConnectionsError once enough had).
+        # Given back before they are closed: the pool counts a kept connection as handed
+        # out until it has it back, so one closed without that held a place in the pool
+        # for good (MaxConnectionsError once enough had).
         for connection in unused:
             self._give_back(connection)
-        # The rest is cleanup that awaits: shielded, it finishes even if the caller is
-        # cancelled (a connection left behind would stay open with no owner).
-        await asyncio.shield(self._close(before, unused))
+        self._tasks.start_soon(self._close, before, unused)
 
     async def _close(self, before: float, unused: list[AbstractConnection]) -> None:
         doomed: list[AbstractConnection] = []
@@ -207,11 +220,14 @@ class Turns:
                 doomed = await take_idle(before, unused)
         finally:
             self._checking = False
-            for connection in doomed:  # out of every list already: no one else has it
-                try:
-                    await connection.disconnect(nowait=True)
-                except (ConnectionError, OSError) as exc:
-                    log.info("closing an idle Redis connection failed: %s", exc)
+            # Out of every list already (no one else has them): closed even when the
+            # bridge is closing, or they would stay open with no owner.
+            with anyio.CancelScope(shield=True):
+                for connection in doomed:
+                    try:
+                        await connection.disconnect(nowait=True)
+                    except (ConnectionError, OSError) as exc:
+                        log.info("closing an idle Redis connection failed: %s", exc)
 
     def connection(self) -> Held:
         """A turn that sends its commands on a kept connection of its own:
