@@ -18,7 +18,14 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Final, TypeVar
@@ -39,7 +46,7 @@ from ..bridge import rules
 from ..bridge.base import one_by_one
 from ..bridge.reader import Placement, follow_log
 from ..bridge.rules import READ_BATCH, Entry, LogRead
-from ..cursor import EventKey, format_key, key_of, parse_cursor
+from ..cursor import EventKey, format_key, parse_cursor
 from ..errors import (
     BackendUnavailable,
     BridgeClosed,
@@ -1019,11 +1026,11 @@ class _RunView:
     async def follow(self) -> None:
         await self._bridge._notifier.follow(self.feed)
 
-    async def wait(self, deadline: float) -> bool:
-        return await self.feed.wait_until(deadline)
+    def wait(self, deadline: float) -> Coroutine[Any, Any, bool]:
+        return self.feed.wait_until(deadline)  # (no coroutine of its own: see there)
 
     def key_of(self, event: StreamEvent) -> EventKey:
-        return key_of(event.id)
+        return self.feed.key_of(event)
 
     def idle(self, interval: float) -> None:
         if time.monotonic() - self.feed.last_read >= interval:

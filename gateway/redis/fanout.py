@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -89,17 +89,32 @@ class RunFeed:
         """Entries after `position`, or None when it is older than the window."""
         if position < self._base_key or not self.started:
             return None
-        entries = self.items[bisect_right(self._keys_window, position) :]
+        keys = self._keys_window
+        # A live reader asking again once it has the newest entry: no search.
+        caught_up = bool(keys) and position == keys[-1]
+        entries = [] if caught_up else self.items[bisect_right(keys, position) :]
         if not entries and self.items and isinstance(self.items[-1], End):
             return self.items[-1:]  # a cursor past the END entry still learns the run ended
         return entries
+
+    def key_of(self, entry: Entry) -> EventKey:
+        """The key of `entry`: the window's newest one without parsing its id (what a
+        live reader hands out last, once per delivery), or parsed."""
+        items = self.items
+        if items and items[-1] is entry:
+            return self._keys_window[-1]
+        assert entry.id is not None
+        return key_of(entry.id)
 
     async def wait(self, seconds: float) -> None:
         """Until the next change, or about `seconds` (to `DEADLINE_RESOLUTION`) pass."""
         await self.wait_until(asyncio.get_running_loop().time() + seconds)
 
-    async def wait_until(self, deadline: float) -> bool:
-        """Until the next change (True), or about the loop time `deadline` (False)."""
+    def wait_until(self, deadline: float) -> Coroutine[Any, Any, bool]:
+        """Until the next change (True), or about the loop time `deadline` (False).
+
+        A plain function returning the signal's wait, awaited at once by the caller: one
+        coroutine less per wait of every live reader, which waits once per event."""
         # asyncio-native on purpose: subscribers run in bare asyncio tasks that are
         # cancelled with `Task.cancel()` (http/streaming/sse.py), and an anyio cancel scope whose
         # deadline fires as that cancel arrives can swallow it (seen: a drained stream
@@ -110,7 +125,7 @@ class RunFeed:
             # (Once: asyncio's get_running_loop() is a getpid() system call, which on
             # every wait was one per delivered event.)
             deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
-        return await self._changes.current.wait_until(deadlines, deadline)
+        return self._changes.current.wait_until(deadlines, deadline)
 
     def wake(self) -> None:
         self._changes.fire()

@@ -75,7 +75,7 @@ from ...errors import BackendUnavailable, BridgeClosed, TooManyStreams
 from ...timing.send_watch import SendWatch
 from ...values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from ..edge.errors import handled_error_response, public_detail
-from ..edge.observe import lifecycle, record_of
+from ..edge.observe import body_send, lifecycle, record_of
 from ..metrics import Metrics, ResumeOutcome
 from .frames import RUN, Framing
 from .subscriptions import READER_KEY, SubscriptionRegistry
@@ -168,7 +168,7 @@ class SSEResponse(Response):
                 return
             stream = _Stream(self._send_timeout, asyncio.current_task())
             try:
-                await self._serve(receive, send, self._subscribe, stream)
+                await self._serve(receive, body_send(send), self._subscribe, stream)
             finally:
                 if record is not None:
                     record.outcome, record.events_delivered = stream.outcome, stream.sent
@@ -305,6 +305,12 @@ class SSEResponse(Response):
             self._count_first = False
             self._first_item(batch[0])
         framing = self._framing
+        if len(batch) == 1 and type(batch[0]) is StreamEvent:  # a live reader's usual batch
+            event = batch[0]
+            frame = framing.event(event)
+            if frame:
+                await self._write(send, stream, frame, 1, event.id, more=True)
+            return False
         chunks: list[bytes] = []
         size = events = 0
         last_id: str | None = None
