@@ -127,10 +127,15 @@ async def follow_log(
                     read = await view.read(position, seen=phase in (Phase.SEEN, Phase.LIVE))
                     ended_log = read.tail_end() is not None
                     phase, decided = rules.decide(phase, position, read)
+                    # Nothing of a read outlives its step (nor does a delivered batch,
+                    # below): a live reader may never read again, and its last read
+                    # would hold a batch of events decoded for it alone for good.
+                    del read
                     if isinstance(decided, rules.Bounds):  # behind the log's floor
                         items = [rules.gap(position, await view.gap_bounds(decided))]
                     else:
                         items = decided
+                    del decided
                 first = False
             except (BridgeClosed, BackendUnavailable):
                 if view.closed:
@@ -138,10 +143,9 @@ async def follow_log(
                 raise
             if items:
                 yield items
-                last = items[-1]
-                if type(last) is not StreamEvent:
+                if type(items[-1]) is not StreamEvent:
                     return  # an END or a gap: the subscription is over
-                position = key_of(last)
+                position = key_of(items[-1])
                 deadline = now() + interval
                 due = False
                 continue

@@ -678,7 +678,8 @@ class RedisStreamBridge:
         after = "-" if start.key is None else format_key(start.key)
         info, read = await self._open_shared(keys, run_id, after)
         interval = rules.heartbeat_interval(self._settings.heartbeat_interval_seconds, None)
-        return info, functools.partial(self._follow, keys, start, interval, (after, read))
+        first = _FirstRead(after, read)
+        return info, functools.partial(self._follow, keys, start, interval, first)
 
     async def _open_shared(
         self, keys: RunKeys, run_id: str, after: str
@@ -823,7 +824,7 @@ class RedisStreamBridge:
         keys: RunKeys,
         start: rules.Start,
         interval: float,
-        prefetched: tuple[str, LogRead] | None = None,
+        prefetched: _FirstRead | None = None,
     ) -> AsyncGenerator[Sequence[StreamItem], None]:
         """Replay from the start position, then follow the shared feed (`reader.py`).
         `prefetched`: the first read, made already from that position (`open_stream`)."""
@@ -952,6 +953,25 @@ def _error_of(meta: dict[str, str]) -> Any:
     return orjson.loads(raw) if raw else None
 
 
+class _FirstRead:
+    """A reader's first read, made already (`open_stream`), handed over once.
+
+    The route keeps the subscription's factory, which holds this, for as long as the
+    response is open: taken, the read is held by nobody, rather than its events (decoded
+    for this reader alone) for the stream's lifetime."""
+
+    __slots__ = ("_read", "after")
+
+    def __init__(self, after: str, read: LogRead) -> None:
+        self.after = after
+        self._read: LogRead | None = read
+
+    def take(self, position: str) -> LogRead | None:
+        """The read, if it was made from `position` (and not taken before)."""
+        read, self._read = self._read, None
+        return read if position == self.after else None
+
+
 class _RunView:
     """One Redis subscription's view of a run's log (`reader.LogView`): direct reads of
     Redis, shared with this process's readers at the same position, and the run's feed
@@ -960,7 +980,7 @@ class _RunView:
     __slots__ = ("_bridge", "_keys", "_prefetched", "feed")
 
     def __init__(
-        self, bridge: RedisStreamBridge, keys: RunKeys, prefetched: tuple[str, LogRead] | None
+        self, bridge: RedisStreamBridge, keys: RunKeys, prefetched: _FirstRead | None
     ) -> None:
         self._bridge = bridge
         self._keys = keys
@@ -1001,8 +1021,9 @@ class _RunView:
         position = "-" if after is None else format_key(after)
         prefetched, self._prefetched = self._prefetched, None
         feed = self.feed
-        if prefetched is not None and prefetched[0] == position:
-            read = prefetched[1]
+        first = None if prefetched is None else prefetched.take(position)
+        if first is not None:
+            read = first
         else:
             read = await feed.read_shared(
                 position, functools.partial(self._bridge._read, self._keys, position)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from gateway.values import StreamEvent
 from tests.support import http_server
 from tests.support.http_server import ProducerClient, RunningServer
 from tests.support.sse_client import Frame, iter_frames, read_stream
@@ -124,6 +126,31 @@ async def test_heartbeat_comment_while_idle(client: httpx.AsyncClient) -> None:
     result = await read_stream(client, f"/v1/runs/{producer.run_id}/stream", stop=is_heartbeat)
     heartbeat = result.frames[-1]
     assert heartbeat.comments == [b"heartbeat"] and heartbeat.id is None and not heartbeat.is_event
+
+
+async def test_an_idle_stream_holds_none_of_the_events_it_replayed(
+    gateway_server: RunningServer, client: httpx.AsyncClient
+) -> None:
+    """A stream that replayed a run and now waits for more (its first heartbeat is
+    written) holds none of the replayed events: on Redis they were decoded for it alone,
+    and the response's last written batch and the reader's last read stayed referenced
+    while it waited, for as long as it stayed open. (On memory the log holds them.)"""
+    if gateway_server.backend == "memory":
+        pytest.skip("the memory log holds its own events")
+    producer = await ProducerClient.claim(client)
+    marker = producer.run_id.encode()
+    await producer.publish(*[("token", {"run": producer.run_id, "i": i}) for i in range(30)])
+    with anyio.fail_after(15):
+        async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+            events = 0
+            async for frame in iter_frames(response):
+                events += frame.is_event
+                if b"heartbeat" in frame.comments:
+                    break
+            assert events == 30
+            gc.collect()
+            held = [o for o in gc.get_objects() if type(o) is StreamEvent and marker in o.data]
+            assert len(held) == 0
 
 
 async def test_unknown_run_is_404_before_streaming(client: httpx.AsyncClient) -> None:
