@@ -149,28 +149,27 @@ async def follow_session(
             return
         current: _Turn | None = None
         after = 0  # the next turn is the first with a larger order
+        # A feed lives as long as its client, mostly waiting: no turn record, event or
+        # batch stays referenced here past its step (the `del`s below), or an idle feed
+        # would hold a turn's events, or every turn record it listed, for good.
         if cursor is None:
-            turns = await store.list_turns(session_id, MAX_LIMIT)
-            live = [t for t in turns if not T.is_ended(t.get("state"))]
-            if live:
-                opened = _opened(live[-1])
+            opened, current, after = _start(await store.list_turns(session_id, MAX_LIMIT))
+            if opened is not None:
                 yield (opened.run_id, [opened])
-                current = _Turn(opened.run_id, TURN_START, _order(live[-1]))
-            elif turns:
-                after = _order(turns[-1])
+                del opened
         else:
             assert cursor.run_id is not None
-            turn = await store.turn_of(session_id, cursor.run_id)
-            if turn is None:
+            order = _order_of(await store.turn_of(session_id, cursor.run_id))
+            if order is None:
                 # gone (expired, removed), or never a turn of this session: its place in
                 # the order is unknown, so nothing after it can be followed exactly
                 yield (cursor.run_id, [_removed(cursor.event_id)])
                 return
             if cursor.kind == "end":
-                after = _order(turn)
+                after = order
             else:
                 assert cursor.event_id is not None
-                current = _Turn(cursor.run_id, cursor.event_id, _order(turn))
+                current = _Turn(cursor.run_id, cursor.event_id, order)
         idle_since = time.monotonic()
         fresh = False
         while True:
@@ -196,23 +195,39 @@ async def follow_session(
                         return
                     continue
                 opened = _opened(nxt)
-                yield (opened.run_id, [opened])
                 current = _Turn(opened.run_id, TURN_START, _order(nxt))
+                del nxt
+                yield (opened.run_id, [opened])
+                del opened
             ended = False
             async for step in _follow_turn(bridge, store, session_id, current, on_turn):
                 yield step
-                last = step[1][-1]
-                if isinstance(last, StreamGap | Retired):
+                if isinstance(step[1][-1], StreamGap | Retired):
                     return
-                ended = isinstance(last, End)
+                ended = isinstance(step[1][-1], End)
             if not ended:
                 return  # (the bridge ended the subscription without a terminal item)
+            del step  # the turn's last batch (a resume's whole replay, with its END)
             after, current = current.order, None
             idle_since = time.monotonic()
             seen = signal.changes
             if await store.is_retired(session_id):
                 yield (None, [RETIRED])
                 return
+
+
+def _start(turns: list[dict[str, Any]]) -> tuple[TurnOpened | None, _Turn | None, int]:
+    """Where a feed without a cursor starts, from the session's turns (oldest first): the
+    running turn's `turn` frame and the turn to follow, or the order to follow after."""
+    live = [t for t in turns if not T.is_ended(t.get("state"))]
+    if live:
+        opened = _opened(live[-1])
+        return opened, _Turn(opened.run_id, TURN_START, _order(live[-1])), 0
+    return None, None, (_order(turns[-1]) if turns else 0)
+
+
+def _order_of(turn: dict[str, Any] | None) -> int | None:
+    return None if turn is None else _order(turn)
 
 
 async def _follow_turn(

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import anyio
 import httpx
@@ -22,6 +24,7 @@ from gateway.http.edge.auth import mint_subscriber_token
 from gateway.sessions.feed import TurnOpened, follow_session
 from gateway.sessions.memory import MemorySessionStore
 from gateway.settings import Settings
+from gateway.values import StreamEvent
 from tests.support import http_server
 from tests.support.http_server import ProducerClient, RunningServer, make_settings, serve
 from tests.support.redis_servers import RedisServer
@@ -579,6 +582,46 @@ async def test_the_feed_ends_when_its_token_expires(gateway_server: RunningServe
         assert any(b"token expired" in comment for f in frames for comment in f.comments)
         again = await c.get("/v1/sessions/sx/stream", params={"access_token": token})
         assert again.status_code == 401 and again.json()["error"] == "token_expired"
+
+
+def _held(session_id: str) -> int:
+    """Events and turn records of `session_id` referenced anywhere in this process
+    (the server runs in a thread of it): payloads and records that name the session."""
+    gc.collect()
+    marker = session_id.encode()
+    return sum(
+        1
+        for o in gc.get_objects()
+        if (type(o) is StreamEvent and marker in o.data)
+        or (type(o) is dict and o.get("session_id") == session_id)
+    )
+
+
+async def test_a_feed_waiting_for_the_next_turn_holds_nothing_of_the_turns_before(
+    client: httpx.AsyncClient,
+) -> None:
+    """A feed that waits for the next turn (it heartbeats) holds no event and no turn
+    record beyond what the backend holds itself (the memory log and store; nothing on
+    Redis). Before, it kept the last turn's final batch (the whole replay of a resume
+    into an ended turn, decoded for it alone on Redis) and, opened without a cursor,
+    every turn record it listed, answer text included, for as long as it stayed open."""
+    sid = f"held-{uuid4().hex[:8]}"
+    with anyio.fail_after(TIMEOUT):
+        ids: list[str] = []
+        for k in range(3):
+            texts = [f"{sid} {k} {i}" for i in range(20)]
+            _, ids = await turn(client, sid, f"{sid}-r{k}", texts)
+        backend_holds = _held(sid)
+        for cursor in (f"{sid}-r2/{ids[0]}", None):
+            async with open_feed(client, sid, cursor) as feed:
+                if cursor is not None:
+                    assert [f.event for f in await feed.events(20)] == ["token"] * 19 + ["turn_end"]
+                await feed.heartbeat()  # waiting for the next turn
+                # (polled: the server thread may still finish the step that wrote it)
+                with anyio.move_on_after(3):
+                    while _held(sid) > backend_holds:
+                        await anyio.sleep(0.02)
+                assert _held(sid) <= backend_holds, cursor
 
 
 async def test_turn_frames_go_through_the_one_encoder(client: httpx.AsyncClient) -> None:
