@@ -713,10 +713,17 @@ class RedisStreamBridge:
         finally:
             shareable = result if result is not None and result[1].exists else None
             future.set_result(shareable)
-            mine = self._opening.get(key)
             ended = shareable is not None and shareable[1].tail_end() is not None
-            if not ended and mine is not None and mine[0] is future:
-                del self._opening[key]
+            if not ended:
+                self._forget_open(key, future)
+            else:  # shared for SHARED_READ_SECONDS, then held by nobody
+                loop = asyncio.get_running_loop()
+                loop.call_later(SHARED_READ_SECONDS, self._forget_open, key, future)
+
+    def _forget_open(self, key: tuple[str, str], future: asyncio.Future[Any]) -> None:
+        mine = self._opening.get(key)
+        if mine is not None and mine[0] is future:
+            del self._opening[key]
 
     async def _open_read(
         self, keys: RunKeys, run_id: str, after: str

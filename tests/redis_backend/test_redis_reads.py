@@ -8,6 +8,7 @@ something to wait for after all (the log removed and written again) subscribes t
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ import pytest
 
 from gateway.bridge.base import StreamBridge
 from gateway.bridge.provider import open_bridge
+from gateway.redis.fanout import SHARED_READ_SECONDS
 from gateway.redis.keys import run_keys
 from gateway.settings import Settings
 from gateway.values import End, StreamEvent
@@ -402,3 +404,34 @@ async def test_a_crowd_opening_one_run_at_one_position_shares_one_transaction(
     assert replays == [ids[50:]] * 50
     assert stats["cmdstat_exec"]["calls"] == 1, stats["cmdstat_exec"]
     assert stats["cmdstat_xrange"]["calls"] == 1, stats["cmdstat_xrange"]
+
+
+async def test_a_shared_open_of_an_ended_run_is_let_go_once_it_can_no_longer_be_shared(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """`open_stream` keeps the read of an ended run for `SHARED_READ_SECONDS` so that a
+    crowd reconnecting at once shares it, and no longer: before, it stayed referenced
+    until 256 later opens pushed it out, up to 256 reads of 512 decoded events each per
+    process, held however quiet the process."""
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=key_prefix)
+    async with open_bridge(settings) as writer:
+        await _ended_run(writer, "let-go", 50)
+    async with open_bridge(settings) as bridge:
+
+        def held() -> int:
+            gc.collect()
+            return sum(1 for o in gc.get_objects() if type(o) is StreamEvent)
+
+        before = held()
+        with anyio.fail_after(10):
+            _, subscribe = await bridge.open_stream("let-go", None)
+            batches = subscribe()
+            async for batch in batches:
+                if isinstance(batch[-1], End):
+                    break
+            await batches.aclose()
+            del subscribe, batches, batch
+            with anyio.move_on_after(SHARED_READ_SECONDS * 3):
+                while held() > before:
+                    await asyncio.sleep(0.05)  # (a time-based expiry: polled)
+        assert held() <= before
