@@ -129,28 +129,48 @@ async def test_heartbeat_comment_while_idle(client: httpx.AsyncClient) -> None:
 
 
 async def test_an_idle_stream_holds_none_of_the_events_it_replayed(
-    gateway_server: RunningServer, client: httpx.AsyncClient
+    gateway_server: RunningServer, redis_url: str, key_prefix: str
 ) -> None:
-    """A stream that replayed a run and now waits for more (its first heartbeat is
-    written) holds none of the replayed events: on Redis they were decoded for it alone,
-    and the response's last written batch and the reader's last read stayed referenced
-    while it waited, for as long as it stayed open. (On memory the log holds them.)"""
-    if gateway_server.backend == "memory":
-        pytest.skip("the memory log holds its own events")
-    producer = await ProducerClient.claim(client)
-    marker = producer.run_id.encode()
-    await producer.publish(*[("token", {"run": producer.run_id, "i": i}) for i in range(30)])
-    with anyio.fail_after(15):
-        async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
-            events = 0
-            async for frame in iter_frames(response):
-                events += frame.is_event
-                if b"heartbeat" in frame.comments:
-                    break
-            assert events == 30
-            gc.collect()
-            held = [o for o in gc.get_objects() if type(o) is StreamEvent and marker in o.data]
-            assert len(held) == 0
+    """A stream that replayed a run and now waits for more holds none of the replayed
+    events beyond what the backend holds itself (the memory log; nothing on Redis, where
+    they were decoded for this stream alone). Before, the reader's last read and the
+    resume's first read stayed referenced for as long as the stream was open, and the
+    write loop's last batch until the next one came: for an idle stream, its next
+    heartbeat (30 s here)."""
+    settings = http_server.make_settings(
+        gateway_server.backend, redis_url, key_prefix + "idle:", heartbeat_interval_seconds=30
+    )
+    with http_server.serve(settings, gateway_server.backend) as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
+            producer = await ProducerClient.claim(client)
+            marker = producer.run_id.encode()
+
+            def held() -> int:
+                gc.collect()
+                return sum(
+                    1 for o in gc.get_objects() if type(o) is StreamEvent and marker in o.data
+                )
+
+            await producer.publish(
+                *[("token", {"run": producer.run_id, "i": i}) for i in range(30)]
+            )
+            backend_holds = held()
+            with anyio.fail_after(15):
+                async with client.stream("GET", f"/v1/runs/{producer.run_id}/stream") as response:
+                    # (the frames' iterator stays referenced: a collected one would close
+                    # the response, and the server would let go of everything anyway)
+                    frames = iter_frames(response)
+                    events = 0
+                    while events < 30:
+                        events += (await anext(frames)).is_event
+                    # Polled: the server thread may still be finishing the step that
+                    # wrote the last event.
+                    with anyio.move_on_after(5):
+                        while held() > backend_holds:
+                            await anyio.sleep(0.02)
+                    assert held() <= backend_holds
+                    assert not response.is_closed
+                    await frames.aclose()
 
 
 async def test_unknown_run_is_404_before_streaming(client: httpx.AsyncClient) -> None:

@@ -295,6 +295,7 @@ class SSEResponse(Response):
                 stream.state = StreamState.BUSY
             if await self._write_batch(send, stream, batch):
                 return
+            del batch  # (not held while the next is awaited: a replay, till a heartbeat)
 
     def _unavailable_frame(self, detail: str) -> bytes | None:
         return self._framing.unavailable(self.run_id, detail)
