@@ -1026,9 +1026,8 @@ class _RunView:
 
     async def read(self, after: EventKey | None, *, seen: bool) -> LogRead:
         position = "-" if after is None else format_key(after)
-        prefetched, self._prefetched = self._prefetched, None
         feed = self.feed
-        first = None if prefetched is None else prefetched.take(position)
+        first = None if self._prefetched is None else self._prefetched.take(position)
         if first is not None:
             read = first
         else:

@@ -40,7 +40,7 @@ from ...sessions.cursor import TURN_START, SessionCursor, parse_session_cursor
 from ...sessions.feed import FeedStep, Retired, TurnOpened, follow_session
 from ...values import End, Heartbeat, StreamEvent, StreamGap, encode_json
 from ..edge import access
-from ..edge.observe import body_send, record_of
+from ..edge.observe import record_of
 from ..edge.routing import SSERoute
 from ..openapi import LAST_EVENT_ID, SSE, STREAM_ERRORS, Operation, Reply, document
 from ..responses import no_content
@@ -147,7 +147,7 @@ class SessionFeedResponse(SSEResponse):
             try:
                 await self._serve(
                     receive,
-                    body_send(send),
+                    send,
                     lambda: self._follow(self._on_turn),  # type: ignore[arg-type, return-value]
                     stream,
                 )

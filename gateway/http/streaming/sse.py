@@ -168,7 +168,7 @@ class SSEResponse(Response):
                 return
             stream = _Stream(self._send_timeout, asyncio.current_task())
             try:
-                await self._serve(receive, body_send(send), self._subscribe, stream)
+                await self._serve(receive, send, self._subscribe, stream)
             finally:
                 if record is not None:
                     record.outcome, record.events_delivered = stream.outcome, stream.sent
@@ -213,6 +213,7 @@ class SSEResponse(Response):
         Disconnect, drain and send timeout interrupt this task with `Task.cancel()`
         (`_Stream.stop`), which is told apart from a cancellation from outside.
         """
+        send = body_send(send)  # (the response has started: only bodies are sent here)
         watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, stream))
         remove_drain = self._registry.on_drain(stream.drain)
         expiry = None
