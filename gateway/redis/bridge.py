@@ -91,7 +91,7 @@ from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
 from .session_keys import index_keys, session_keys
 from .turns import Held, Turns
-from .wire import CheckedPool, PackedConnection, pack
+from .wire import CheckedPool, pack
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,10 @@ def _connect(settings: Settings) -> RedisClient:
     # bridge's calls and the session store's), and there are as many turns as
     # connections, so a caller with its turn always finds one free. (redis-py's blocking
     # pool would add a condition and a timer to every command.) It checks every
-    # connection it hands out; plain TCP connections pack with hiredis.
+    # connection it hands out.
     pool = CheckedPool.from_url(
         url,
         max_connections=settings.redis_max_connections,
-        connection_class=PackedConnection,  # rediss:// and unix:// keep redis-py's own
         retry=_no_retry(),
         # What CLIENT SETINFO says, made once: redis-py's default looks its own version
         # up in the package metadata for every new connection (~0.5 ms of CPU each; a

@@ -308,7 +308,7 @@ class Notifier:
                 listener.pubsub = None
                 with anyio.CancelScope(shield=True):
                     with suppress(redis_errors.RedisError, OSError):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                        await pubsub.aclose()
                         await client.aclose()
                 self._tried.set()
             # The node may have lost its slots (a failover): channels the router now

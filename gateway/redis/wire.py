@@ -1,12 +1,9 @@
-"""The Redis bridge's command pool and its connections: redis-py's, checking what the pool
-hands out, and packing with hiredis.
+"""The Redis bridge's command pool, checking what it hands out, and `pack`.
 
-redis-py's asyncio connection packs every command in Python (its synchronous one already
-packs with hiredis when it is installed): for a publish, whose script call carries a
-dozen arguments, that was about a tenth of the bridge's CPU per event. `pack_command`
-is the connection's public hook for it; `hiredis.pack_command` produces the same bytes
-for the argument types the bridge sends (bytes, str, int), and anything else goes the
-way redis-py packs it. A script call is packed once (`pack`) and sent as it is.
+Since redis-py 8.2 its asyncio connections pack every command with hiredis when hiredis
+is installed (8.1 packed in Python: a tenth of a publish's CPU), so the pool uses
+redis-py's own connection classes. A script call the bridge sends on a kept connection
+is packed once here (`pack`, the same hiredis packer) and sent as it is.
 """
 
 from __future__ import annotations
@@ -17,13 +14,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import hiredis
-from redis.asyncio import Connection, ConnectionPool
+from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError
 
 from .compat import take_free
-
-_PACKED_TYPES = (bytes, str, int)
 
 
 def pack(*args: bytes | str | int | memoryview) -> bytes:
@@ -31,23 +26,6 @@ def pack(*args: bytes | str | int | memoryview) -> bytes:
     which send it as it is (`turns.Held`, and again after a NOSCRIPT)."""
     packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub: a 1-tuple
     return packed
-
-
-class PackedConnection(Connection):
-    """A plain TCP connection whose commands hiredis packs."""
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        for arg in args:
-            if type(arg) not in _PACKED_TYPES:  # bool, float, memoryview, ...: redis-py's way
-                return super().pack_command(*args)
-        first = args[0]
-        if " " in first if isinstance(first, str) else b" " in first:
-            # A command name with its subcommand ("SCRIPT LOAD"): separate arguments.
-            return super().pack_command(*args)
-        try:
-            return [pack(*args)]
-        except Exception:  # what redis-py would refuse: let it refuse it, its own way
-            return super().pack_command(*args)
 
 
 class CheckedPool(ConnectionPool):
@@ -91,8 +69,8 @@ class CheckedPool(ConnectionPool):
         if connection.is_connected:
             try:
                 stale = bool(connection.should_reconnect()) or await connection.can_read()  # type: ignore[no-untyped-call]
-            except ConnectionError:  # it found the socket closed and disconnected itself
-                stale = False
+            except ConnectionError:  # the server closed it: redis-py 8.1 disconnected it
+                stale = True  # already, 8.2 leaves that to the caller
             if stale:
                 await connection.disconnect(nowait=True)
         if not connection.is_connected:  # (connect() itself goes through a retry wrapper)
