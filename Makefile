@@ -2,10 +2,20 @@
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run lint types test test-fast check bench
+.PHONY: bootstrap run lint types test test-fast check bench lock newest
 
 bootstrap:
-	scripts/bootstrap
+	scripts/bootstrap test
+
+# Refresh requirements/*.txt (hash-checked) from pyproject.toml's ranges, keeping locked
+# versions the ranges still allow; `scripts/lock --upgrade` takes the newest instead.
+lock:
+	scripts/lock
+
+# The fast suite on the newest releases the ranges allow, in .venv-newest (the kept lock
+# is not touched): a release that breaks the gateway shows here the day it ships.
+newest:
+	scripts/newest $(PYTEST_ARGS)
 
 run:
 	scripts/serve
@@ -37,7 +47,7 @@ BENCH_SCRIPTS := bridge_publish publish_call bridge_fanout bridge_resume sse_mem
 
 bench: bootstrap
 	@$(VENV)/python -c "import matplotlib, pyinstrument" 2>/dev/null || \
-		$(VENV)/pip install -q -e '.[test,bench]'
+		$(VENV)/python -m pip install -q --isolated -r requirements/all.txt
 	@set -e; for f in $(BENCH_SCRIPTS); do \
 		echo "== bench/$$f.py"; \
 		if [ "$$f" = sessions_index ]; then $(VENV)/python "bench/$$f.py"; \
