@@ -133,3 +133,48 @@ async def test_sdk_reconnects_after_server_side_cut(
     assert len(first) == 3 and len(later) == 3
     assert proxy.connections >= 2  # the SDK really reconnected
     assert received == [{"i": i} for i in range(6)] + [{"status": "success"}]
+
+
+async def test_sdk_cancel_reaches_the_producer(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client, session_id="t")
+    await producer.publish(("values", {"i": 0}))
+    async with get_client(url=gateway_server.base_url) as sdk:
+        with anyio.fail_after(10):
+            assert await sdk.runs.cancel("t", producer.run_id) is not None
+    reply = await client.post(
+        f"/v1/runs/{producer.run_id}/events",
+        json={"event": "values", "data": {"i": 1}},
+        headers={"X-Producer-Token": producer.token},
+    )
+    assert reply.json()["cancel_requested"] is True
+    lease = await client.post(
+        f"/v1/runs/{producer.run_id}/lease", json={}, headers={"X-Producer-Token": producer.token}
+    )
+    assert lease.json()["cancel_requested"] is True
+    await producer.end("cancelled")
+    status = await client.get(f"/threads/t/runs/{producer.run_id}")
+    assert status.json()["status"] == "interrupted"
+
+
+async def test_thread_cancel_checks_thread_and_origin(client: httpx.AsyncClient) -> None:
+    producer = await ProducerClient.claim(client, session_id="t")
+    path = f"/threads/t/runs/{producer.run_id}/cancel"
+    # Only under its own thread; an unknown run is a 404 too.
+    assert (await client.post(f"/threads/u/runs/{producer.run_id}/cancel")).status_code == 404
+    assert (await client.post("/threads/t/runs/nope/cancel")).status_code == 404
+    # What a web page could send unasked (a form, text/plain, or no type from a page
+    # with an Origin) is refused; JSON is accepted as on the /v1 route.
+    for headers in (
+        {"Content-Type": "text/plain"},
+        {"Origin": "http://evil.example"},
+        {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil.example"},
+    ):
+        refused = await client.post(path, headers=headers, content=b"")
+        assert refused.status_code == 415, headers
+    status = await client.get(f"/v1/runs/{producer.run_id}")
+    assert status.json()["cancel_requested"] is False
+    accepted = await client.post(path, json={})
+    assert accepted.status_code == 202
+    assert accepted.json() == {"run_id": producer.run_id, "cancel_requested": True}

@@ -9,6 +9,12 @@
 - `GET /threads/{session_id}/runs/{run_id}`: `{run_id, thread_id, status}` in LangGraph's
   vocabulary: `running` while live; after END `success`, `error` or `interrupted`
   (`cancelled` → `interrupted`, `producer_lost` → `error`).
+- `POST /threads/{session_id}/runs/{run_id}/cancel`: the SDK's `runs.cancel`, the same
+  request as `POST /v1/runs/{run_id}/cancel` (the producer sees `cancel_requested`).
+  The SDK posts it with no body and no `Content-Type`; that is accepted only from a
+  client that sends no `Origin` header (browsers always send one on a `POST`), so a web
+  page still cannot cancel runs unasked. `wait` and `action` are accepted and ignored:
+  the answer comes at once (202); follow the stream or poll the run to see it end.
 
 The thread is the run's session: a run recorded under another session (or none) is a
 404 on these paths. Query parameters the SDK adds (`stream_mode`,
@@ -28,6 +34,7 @@ from ...names import check_run_id, check_session_id
 from ...values import RunInfo
 from ..edge import access
 from ..edge.auth import Principal
+from ..edge.bodies import require_json
 from ..edge.routing import SSERoute
 from ..openapi import (
     LAST_EVENT_ID,
@@ -40,10 +47,10 @@ from ..openapi import (
     document,
 )
 from ..responses import json_response
-from ..schemas import StreamQuery, ThreadRun
+from ..schemas import CancelAccepted, CancelRequest, StreamQuery, ThreadRun
 from ..state import GatewayState, gateway_state
 from ..streaming.frames import LANGGRAPH
-from .subscriber import lookup, sse_response
+from .subscriber import lookup, request_cancel, sse_response
 
 LANGGRAPH_STATUS: Final[dict[str, str]] = {
     "running": "running",
@@ -118,8 +125,30 @@ async def thread_run_status(request: Request) -> Response:
     )
 
 
+@document(
+    Operation(
+        "Ask the producer to stop (langgraph-sdk `runs.cancel`)",
+        "subscriber",
+        {202: Reply("Cancel requested", CancelAccepted)},
+        (*READER_ERRORS, 415),
+        body=CancelRequest,
+        description="The same request as `POST /v1/runs/{run_id}/cancel`. The SDK sends no "
+        "body and no `Content-Type`: accepted when the request carries no `Origin` header "
+        "(a browser always sends one). `wait` and `action` are accepted and ignored.",
+    )
+)
+async def cancel_thread_run(request: Request) -> Response:
+    state = gateway_state(request)
+    _, info, _ = await _thread_run(request, state)
+    if "origin" in request.headers or "content-type" in request.headers:
+        require_json(request)  # never a request a web page may send unasked
+    await request_cancel(state, info.run_id)
+    return json_response({"run_id": info.run_id, "cancel_requested": True}, 202)
+
+
 routes: Final = [
     Route("/threads/{session_id}/runs/{run_id}", thread_run_status, methods=["GET"]),
+    Route("/threads/{session_id}/runs/{run_id}/cancel", cancel_thread_run, methods=["POST"]),
     SSERoute("/threads/{session_id}/runs/{run_id}/stream", join_stream),
     SSERoute("/threads/{session_id}/runs/{run_id}/join", join_stream),
 ]

@@ -190,9 +190,14 @@ async def cancel_run(request: Request) -> Response:
     require_json(request)  # no body, but never a request a web page may send unasked
     state = gateway_state(request)
     info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
-    if not await state.bridge.request_cancel(info.run_id):
-        raise RunNotFound(f"run {info.run_id} not found")
+    await request_cancel(state, info.run_id)
     return json_response({"run_id": info.run_id, "cancel_requested": True}, 202)
+
+
+async def request_cancel(state: GatewayState, run_id: str) -> None:
+    """Flag the run; its producer sees `cancel_requested` in its next reply (404 gone)."""
+    if not await state.bridge.request_cancel(run_id):
+        raise RunNotFound(f"run {run_id} not found")
 
 
 # ---------------------------------------------------------------------------------- /wait
