@@ -29,7 +29,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio
 import orjson
@@ -212,6 +212,10 @@ class _ClusterRouter:
         self._commands = commands
         self._parts = urlsplit(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
         self._userinfo = self._parts.netloc.rpartition("@")[0]
+        # The URL's TLS options (ssl_ca_certs, ssl_certfile, ...) apply to every node;
+        # its other options are the cluster client's own, which a node client refuses.
+        tls = [(k, v) for k, v in parse_qsl(self._parts.query) if k.startswith("ssl_")]
+        self._query = urlencode(tls)
         self._options = options
 
     def locate(self, channel: str) -> str:
@@ -228,7 +232,7 @@ class _ClusterRouter:
 
     def connect(self, node: str) -> Redis:
         netloc = f"{self._userinfo}@{node}" if self._userinfo else node
-        address = self._parts._replace(netloc=netloc, query="").geturl()
+        address = self._parts._replace(netloc=netloc, query=self._query).geturl()
         return Redis.from_url(address, **self._options)
 
 

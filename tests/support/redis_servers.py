@@ -15,6 +15,10 @@ or interrupted test run does not leak servers.
 
     with RedisCluster() as cluster:                  # cluster.url, cluster.nodes
         ...
+
+    # TLS only (no plain port), AUTH on, client certificates required:
+    with RedisServer(tls=make_tls_files(tmp), password="pw") as srv:   # srv.url: rediss://
+        ...
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
-from urllib.parse import urlparse
+from urllib.parse import quote, urlencode, urlparse
 
 import redis
+
+from tests.support.tls import TlsFiles
 
 REDIS_SERVER_BIN = os.environ.get("REDIS_SERVER_BIN", "redis-server")
 REDIS_CLI_BIN = os.environ.get("REDIS_CLI_BIN", "redis-cli")
@@ -137,6 +143,9 @@ class RedisServer:
     (e.g. ``"--appendonly", "yes"``). Without ``port`` a free one is picked (and retried
     if another process grabs it first). Without ``directory`` a temp dir is created and
     removed by ``close()``. The server starts on ``start()`` or on entering ``with``.
+    With ``tls`` the port is a TLS port (no plain one) that requires a client
+    certificate from the same CA; with ``password`` clients must AUTH (``requirepass``).
+    ``url`` then carries both (``rediss://:pw@…?ssl_ca_certs=…``).
     """
 
     external = False
@@ -147,9 +156,13 @@ class RedisServer:
         port: int | None = None,
         directory: str | os.PathLike[str] | None = None,
         cluster: bool = False,
+        tls: TlsFiles | None = None,
+        password: str | None = None,
     ) -> None:
         self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.cluster = cluster
+        self.tls = tls
+        self.password = password
         self._fixed_port = port is not None
         self.port: int = port if port is not None else 0
         self._own_dir = directory is None
@@ -168,7 +181,17 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{auth}{HOST}:{self.port}"
+        query = urlencode(
+            {
+                "ssl_ca_certs": self.tls.ca,
+                "ssl_certfile": self.tls.client_cert,
+                "ssl_keyfile": self.tls.client_key,
+            }
+        )
+        return f"rediss://{auth}{HOST}:{self.port}/0?{query}"
 
     @property
     def address(self) -> tuple[str, int]:
@@ -192,14 +215,37 @@ class RedisServer:
     def client(self, **kwargs: object) -> redis.Redis:
         """A synchronous redis-py client for this server (caller closes it)."""
         kwargs.setdefault("socket_timeout", 5)
+        if self.password:
+            kwargs.setdefault("password", self.password)
+        if self.tls is not None:
+            kwargs.update(
+                ssl=True,
+                ssl_ca_certs=str(self.tls.ca),
+                ssl_certfile=str(self.tls.client_cert),
+                ssl_keyfile=str(self.tls.client_key),
+            )
         return redis.Redis(host=HOST, port=self.port, **kwargs)  # type: ignore[arg-type]
 
     # -- lifecycle -------------------------------------------------------------------
     def _argv(self) -> list[str]:
+        if self.tls is None:
+            listen = ["--port", str(self.port)]
+        else:
+            listen = [
+                "--port", "0",
+                "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.tls.server_cert),
+                "--tls-key-file", str(self.tls.server_key),
+                "--tls-ca-cert-file", str(self.tls.ca),
+                "--tls-auth-clients", "yes",
+            ]  # fmt: skip
+            if self.cluster:
+                listen += ["--tls-cluster", "yes", "--tls-replication", "yes"]
+        if self.password:
+            listen += ["--requirepass", self.password, "--masterauth", self.password]
         argv = [
             REDIS_SERVER_BIN,
-            "--port",
-            str(self.port),
+            *listen,
             "--bind",
             HOST,
             "--dir",
@@ -254,9 +300,14 @@ class RedisServer:
         def ready() -> bool:
             if proc.poll() is not None:
                 raise _Exited()
-            with socket.create_connection((HOST, self.port), timeout=1) as s:
+            with contextlib.ExitStack() as stack:
+                s = stack.enter_context(socket.create_connection((HOST, self.port), timeout=1))
+                if self.tls is not None:  # (the TLS socket takes over the descriptor)
+                    context = self.tls.client_context()
+                    s = stack.enter_context(context.wrap_socket(s, server_hostname=HOST))
+                # Without AUTH a server with a password answers -NOAUTH: it is up.
                 s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
 
         try:
             _deadline_poll(f"redis-server on port {self.port}", ready, START_TIMEOUT, self.log_tail)
