@@ -10,6 +10,7 @@ Exception
 │   ├── ProducerFenced         stale/wrong producer token or expired lease
 │   ├── RunOwned               claim refused: a live lease is held elsewhere
 │   ├── SessionMismatch        claim naming a session the run is not in
+│   ├── TurnExists             claim whose idempotency key already started a turn (`run_id`)
 │   ├── StreamEnded            write after END
 │   │   └── RunEndedOnClaim    claim of a run whose log already ends (gateway.http.edge.errors)
 │   ├── SequenceRefused        a numbered batch that cannot be applied as numbered
@@ -82,6 +83,20 @@ class SessionMismatch(GatewayError):
     def of(cls, run_id: str, current: str | None) -> SessionMismatch:
         where = f"session {current!r}" if current else "no session"
         return cls(f"run {run_id} belongs to {where}; a claim cannot move it")
+
+
+class TurnExists(GatewayError):
+    """A claim whose idempotency key already started a turn in its session; `run_id` is
+    that turn's run (gateway.bridge.turn_keys)."""
+
+    code = "turn_exists"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"this idempotency key already started run {run_id} in this session")
+        self.run_id = run_id
+
+    def details(self) -> dict[str, object]:
+        return {"run_id": self.run_id}
 
 
 class StreamEnded(GatewayError):

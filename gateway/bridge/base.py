@@ -33,6 +33,7 @@ class StreamBridge(Protocol):
         lease_seconds: float | None = None,
         takeover: bool = False,
         input_message: Any = None,
+        idempotency_key: str | None = None,
     ) -> Claim:
         """Take the producer lease of a run, creating its record when new.
 
@@ -43,6 +44,11 @@ class StreamBridge(Protocol):
 
         A run whose lease expired is taken over with `epoch + 1`; `takeover=True` also
         takes a live lease (fencing its holder). Raises RunOwned, StreamEnded.
+
+        `idempotency_key` (needs `session_id`): a second claim with the same key in the
+        session, while the first run lives or within its ended TTL, starts nothing and
+        raises TurnExists with that run's id (`bridge.turn_keys`); a `takeover` claim of
+        that same run is its producer taking the turn back and goes on.
         """
         ...
 

@@ -42,6 +42,7 @@ from ..errors import (
     RunOwned,
     SessionMismatch,
     StreamEnded,
+    TurnExists,
 )
 from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import Numbering, admit, advance, applied_ids, check_seq
@@ -61,7 +62,7 @@ from ..values import (
     StreamEvent,
     StreamItem,
 )
-from . import rules
+from . import rules, turn_keys
 from .base import one_by_one
 from .reader import Placement, follow_log
 
@@ -129,6 +130,7 @@ class _Run:
     gen: _Generation | None = None
     numbering: Numbering | None = None  # numbered appends (see gateway.sequence)
     deadline: float = 0.0  # loop time at which the whole run expires
+    turn_key: tuple[str, str] | None = None  # (session, idempotency key) it holds
     expiry: asyncio.TimerHandle | None = None
 
 
@@ -159,6 +161,9 @@ class MemoryStreamBridge:
         self._timers: set[asyncio.TimerHandle] = set()
         self._deadlines: Deadlines | None = None  # made on the loop of the first reader
         self._closed = False
+        # (session, idempotency key) -> (run, when taken); an entry lives as long as its
+        # run's record (`_expire` drops it), so the map is bounded by the runs.
+        self._turn_keys: dict[tuple[str, str], tuple[str, float]] = {}
         # Turn records are written by this bridge's own steps (claim, append, END), in
         # the same synchronous step as the write they reflect; the store reads them.
         self.sessions = MemorySessionStore(settings, clock=clock)
@@ -173,6 +178,7 @@ class MemoryStreamBridge:
         lease_seconds: float | None = None,
         takeover: bool = False,
         input_message: Any = None,
+        idempotency_key: str | None = None,
     ) -> Claim:
         self._check_open()
         check_run_id(run_id)
@@ -180,6 +186,10 @@ class MemoryStreamBridge:
             check_session_id(session_id)
         lease = self._lease(lease_seconds)
         now = self._clock()
+        key: tuple[str, str] | None = None
+        if idempotency_key is not None:
+            key = (session_id or "", turn_keys.check_key(idempotency_key, session_id))
+            self._check_turn_key(key, run_id, takeover, now)
         run = self._runs.get(run_id)
         if run is None:
             run = _Run(run_id, session_id, now, now, "", 0, lease, 0.0)
@@ -198,7 +208,30 @@ class MemoryStreamBridge:
         self._touch(run, self._settings.stream_ttl_seconds)
         if run.session_id is not None:  # the turn opens in the claim's own step
             self.sessions.claimed(run.session_id, run_id, input_message, now)
+        if key is not None and self._turn_keys.get(key, ("",))[0] != run_id:
+            self._turn_keys[key] = (run_id, now)  # dropped with the run's record
+            run.turn_key = key
         return Claim(run_id, run.session_id, run.token, run.epoch, run.lease_expires_at)
+
+    def _check_turn_key(
+        self, key: tuple[str, str], run_id: str, takeover: bool, now: float
+    ) -> None:
+        """TurnExists when the key already started a turn that still counts."""
+        held = self._turn_keys.get(key)
+        if held is None:
+            return
+        holder, since = held
+        verdict = turn_keys.decide(
+            self._info(holder),
+            now - since,
+            holder=holder,
+            run_id=run_id,
+            takeover=takeover,
+            now=now,
+            ended_ttl=self._settings.ended_ttl_seconds,
+        )
+        if verdict == "exists":
+            raise TurnExists(holder)
 
     async def renew_lease(
         self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
@@ -428,7 +461,10 @@ class MemoryStreamBridge:
 
     async def get_run(self, run_id: str) -> RunInfo | None:
         self._check_open()
-        run = self._runs.get(check_run_id(run_id))
+        return self._info(check_run_id(run_id))
+
+    def _info(self, run_id: str) -> RunInfo | None:
+        run = self._runs.get(run_id)
         if run is None:
             return None
         retained = run.gen.retained() if run.gen is not None else []
@@ -586,6 +622,8 @@ class MemoryStreamBridge:
         run.expiry = None
         self._retire(run)
         del self._runs[run.run_id]
+        if run.turn_key is not None and self._turn_keys.get(run.turn_key, ("",))[0] == run.run_id:
+            del self._turn_keys[run.turn_key]
         # Readers waiting for a first log learn it is gone; they register afresh if they
         # wait on (a fired entry left in place would wake them at once, forever).
         pending = self._pending.pop(run.run_id, None)

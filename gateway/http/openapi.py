@@ -113,6 +113,12 @@ PRODUCER_SEQ: Final = Header(
     "the next expected number is 409 sequence_gap with expected_seq",
     {"type": "integer", "minimum": 1, "maximum": 2**53 - 1},
 )
+IDEMPOTENCY_KEY: Final = Header(
+    "Idempotency-Key",
+    "The claim's idempotency key, as the `idempotency_key` field (400 when both are sent "
+    "and differ)",
+    {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,200}$"},
+)
 LAST_EVENT_ID: Final = Header(
     "Last-Event-ID", "Reconnect cursor (wins over the `last_event_id` query parameter)"
 )

@@ -41,6 +41,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from ..bridge.turn_keys import KEY_PATTERN
 from ..errors import GatewayError, InvalidInput
 from ..names import ID_PATTERN, check_event_name, check_run_id, check_session_id
 from ..sessions.base import DEFAULT_LIMIT, MAX_LIMIT, parse_flag, parse_limit
@@ -72,6 +73,10 @@ LeaseSeconds = Annotated[
     Field(json_schema_extra={"exclusiveMinimum": 0}),
 ]
 JsonObject = dict[str, Any]
+IdempotencyKey = Annotated[
+    str,
+    Field(json_schema_extra={"pattern": f"^{KEY_PATTERN}$", "maxLength": 200}),
+]
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -170,6 +175,12 @@ class ClaimRequest(Body):
     )
     input_message: JsonObject | None = Field(
         None, description="The turn's input message (stored in the turn record)"
+    )
+    idempotency_key: IdempotencyKey | None = Field(
+        None,
+        description="Starts the turn at most once per session (e.g. the client's message "
+        "id; needs `session_id`); also the `Idempotency-Key` header. A second claim with "
+        "it gets `409 turn_exists` with the first run's `run_id`",
     )
     metadata: JsonObject | None = Field(None, description="Free-form; checked, not stored")
 

@@ -42,7 +42,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.driver_info import DriverInfo
 
-from ..bridge import rules
+from ..bridge import rules, turn_keys
 from ..bridge.base import one_by_one
 from ..bridge.reader import Placement, follow_log
 from ..bridge.rules import READ_BATCH, Entry, LogRead
@@ -57,6 +57,7 @@ from ..errors import (
     SequenceGap,
     SessionMismatch,
     StreamEnded,
+    TurnExists,
 )
 from ..names import check_end_status, check_run_id, check_session_id
 from ..sequence import check_seq, sequence_conflict
@@ -89,7 +90,7 @@ from .keys import RunKeys, check_prefix, run_keys
 from .notifier import Notifier, OneServer, Router
 from .replies import as_text, ceil_ms
 from .scripts import ensure_loaded, lua_source
-from .session_keys import index_keys, session_keys
+from .session_keys import index_keys, session_keys, turn_key
 from .turns import Held, Turns
 from .wire import CheckedPool, pack
 
@@ -261,6 +262,7 @@ class RedisStreamBridge:
             name: commands.register_script(lua_source(name))
             for name in (
                 "claim",
+                "claim_key",
                 "publish",
                 "publish_end",
                 "renew_lease",
@@ -421,8 +423,63 @@ class RedisStreamBridge:
         lease_seconds: float | None = None,
         takeover: bool = False,
         input_message: Any = None,
+        idempotency_key: str | None = None,
     ) -> Claim:
         keys = self._keys(run_id)
+        entry: str | None = None  # the key's entry, when this claim took it fresh
+        if idempotency_key is not None:
+            entry = await self._take_turn_key(
+                run_id, session_id, turn_keys.check_key(idempotency_key, session_id), takeover
+            )
+        try:
+            return await self._claim(
+                keys, run_id, session_id, lease_seconds, takeover, input_message
+            )
+        except (RunOwned, StreamEnded, SessionMismatch):
+            # Refused, so no turn started: the key is free again. (Not after a failure
+            # that may have come after the claim ran: the key then keeps pointing at it.)
+            if entry is not None:
+                await self._script("claim_key", [entry], "release", run_id, resend=True)
+            raise
+
+    async def _take_turn_key(
+        self, run_id: str, session_id: str | None, key: str, takeover: bool
+    ) -> str | None:
+        """Take the key's entry for `run_id` (the entry's name when it was absent, None
+        when this claim replaced or kept one), or raise TurnExists."""
+        entry = turn_key(self._prefix, session_id or "", key)
+        # The entry lives as long as its run's record can after an END that comes at
+        # the end of the run keys' TTL (`decide` re-checks the holder anyway).
+        ttl = self._ttl_ms + max(self._ttl_ms, ceil_ms(self._settings.ended_ttl_seconds))
+        replaceable = ""
+        for _ in range(3):
+            reply = await self._script("claim_key", [entry], "take", run_id, replaceable, ttl)
+            if as_text(reply[0]) == "taken":
+                return entry if replaceable == "" else None
+            holder = as_text(reply[1])
+            verdict = turn_keys.decide(
+                await self.get_run(holder),
+                int(reply[2]) / 1000,
+                holder=holder,
+                run_id=run_id,
+                takeover=takeover,
+                now=time.time(),
+                ended_ttl=self._settings.ended_ttl_seconds,
+            )
+            if verdict == "exists":
+                raise TurnExists(holder)
+            replaceable = holder  # taken only if still held by that stale holder
+        raise TurnExists(holder)  # replaced meanwhile by another claim: that one won
+
+    async def _claim(
+        self,
+        keys: RunKeys,
+        run_id: str,
+        session_id: str | None,
+        lease_seconds: float | None,
+        takeover: bool,
+        input_message: Any,
+    ) -> Claim:
         order, shaped, opened, stamp = "", b"", False, ""
         if session_id is not None:
             # A session's turn order is the session's counter (its own slot, so a step of
@@ -431,7 +488,7 @@ class RedisStreamBridge:
                 "session_claim",
                 session_keys(self._prefix, check_session_id(session_id)).lists,
                 run_id,
-                self._ttl_ms + ceil_ms(self._settings.ended_ttl_seconds),
+                self._session_ttl_ms(),
                 resend=True,  # idempotent per run
             )
             if as_text(turn[0]) == "ok":
@@ -468,6 +525,11 @@ class RedisStreamBridge:
             lease_expires_at=int(reply[2]) / 1000,
         )
 
+    def _session_ttl_ms(self) -> int:
+        """How long a session's own keys live at least after a claim or a turn's move
+        (none while a turn is parked): as long as a turn record can (session_ttl.lua)."""
+        return self._ttl_ms + ceil_ms(self._settings.ended_ttl_seconds)
+
     async def _turn_opened(self, session_id: str, stamp: str) -> None:
         """After a claim opened a turn: wake the session's feeds and put the session on
         top of the session index (at the claim's time, Redis's clock). Both are hints
@@ -495,7 +557,13 @@ class RedisStreamBridge:
             parked = as_text(state) in PARKED_STATES
             session = session_keys(self._prefix, session_id)
             noted = await self._script(
-                "session_touch", session.lists, stamp, "1" if parked else "0", resend=True
+                "session_touch",
+                session.lists,
+                stamp,
+                "1" if parked else "0",
+                run_id,
+                self._session_ttl_ms(),
+                resend=True,
             )
             if noted == 1:
                 await self._touch_index(session_id, stamp, parked=parked)

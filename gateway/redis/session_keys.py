@@ -10,6 +10,8 @@ script is single-slot and atomic):
                                             ms: a young entry with no record is a claim
                                             between its steps, an old one is gone)
     <p>session:{<sid>}:order        zset    run_id -> the turn's order (session_claim.lua)
+    <p>session:{<sid>}:key:<key>    hash    run, at: the run a claim's idempotency key
+                                            started (claim_key.lua; expires on its own)
 
 The session's keys live at least `stream_ttl + ended_ttl` after its newest claim, and
 without TTL once a turn of it parked (`session_touch.lua`), as long as its records can.
@@ -51,7 +53,14 @@ from dataclasses import dataclass
 from ..names import check_session_id
 from .keys import check_prefix
 
-__all__ = ["IndexKeys", "SessionKeys", "check_prefix", "index_keys", "session_keys"]
+__all__ = [
+    "IndexKeys",
+    "SessionKeys",
+    "check_prefix",
+    "index_keys",
+    "session_keys",
+    "turn_key",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,12 @@ def session_keys(prefix: str, session_id: str) -> SessionKeys:
         legacy_exp=f"{tag}:exp",
         legacy_prefix=f"{tag}:turn:",
     )
+
+
+def turn_key(prefix: str, session_id: str, key: str) -> str:
+    """The entry of a claim's idempotency key (`bridge/turn_keys.py`), in the session's
+    slot (the key's characters include no brace)."""
+    return f"{prefix}session:{{{check_session_id(session_id)}}}:key:{key}"
 
 
 def index_keys(prefix: str) -> IndexKeys:

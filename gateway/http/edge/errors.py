@@ -39,6 +39,7 @@ from ...errors import (
     SessionMismatch,
     StreamEnded,
     TooManyStreams,
+    TurnExists,
     Unauthorized,
 )
 from ..responses import json_response
@@ -103,6 +104,7 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
         RunEndedOnClaim: ErrorRule(409),  # a claim, not a write
         SessionActive: ErrorRule(409),
         SessionMismatch: ErrorRule(409),
+        TurnExists: ErrorRule(409),  # run_id: the turn the key started
         SequenceRefused: ErrorRule(409),  # sequence_gap / sequence_conflict, expected_seq
         BodyIdle: ErrorRule(408),  # only ever an error line of a streamed append
         BridgeClosed: ErrorRule(503, _RETRY_LATER),

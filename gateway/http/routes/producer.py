@@ -25,7 +25,15 @@ from ..edge import access
 from ..edge.bodies import parse_json_object, read_json_object, reject_unknown, req_str
 from ..edge.errors import HttpError, RunEndedOnClaim
 from ..edge.routing import DirectRoute
-from ..openapi import PRODUCER_ERRORS, PRODUCER_SEQ, PRODUCER_TOKEN, Operation, Reply, document
+from ..openapi import (
+    IDEMPOTENCY_KEY,
+    PRODUCER_ERRORS,
+    PRODUCER_SEQ,
+    PRODUCER_TOKEN,
+    Operation,
+    Reply,
+    document,
+)
 from ..responses import json_response
 from ..schemas import (
     AppendAck,
@@ -66,6 +74,7 @@ def _run_id(request: Request) -> str:
         {201: Reply("The producer lease", Claim)},
         PRODUCER_ERRORS,
         body=ClaimRequest,
+        headers=(IDEMPOTENCY_KEY,),
     )
 )
 async def claim_run(request: Request) -> Response:
@@ -83,6 +92,8 @@ async def claim_run(request: Request) -> Response:
             lease_seconds=body.lease_seconds,
             takeover=bool(body.takeover),
             input_message=body.input_message,  # the turn opens in the claim's own step
+            # a second claim with it gets 409 turn_exists (bridge/turn_keys.py)
+            idempotency_key=_idempotency_key(request, body.idempotency_key),
         )
     except StreamEnded as exc:
         raise RunEndedOnClaim(str(exc) or f"run {run_id} has ended") from None
@@ -96,6 +107,19 @@ async def claim_run(request: Request) -> Response:
         },
         201,
     )
+
+
+def _idempotency_key(request: Request, in_body: str | None) -> str | None:
+    """The claim's idempotency key: the body field or the `Idempotency-Key` header; both
+    may be sent only when they agree (400 otherwise). Its form is checked by the bridge."""
+    header = request.headers.get("idempotency-key")
+    if header is not None and in_body is not None and header != in_body:
+        raise HttpError(
+            400,
+            "invalid_request",
+            "the Idempotency-Key header and the idempotency_key field differ; send one",
+        )
+    return in_body if in_body is not None else header
 
 
 def _one_event(raw: Any, where: str) -> tuple[str, Any]:
