@@ -3,12 +3,14 @@
 -- the run's slot). One slot: the `{session_id}` keys. Idempotent per run: a takeover
 -- claim gets the order it had.
 --
--- KEYS[1]  tombstone   KEYS[2]  session meta (seq, last_updated, c:<run> claim ms)
+-- KEYS[1]  tombstone   KEYS[2]  session meta (seq, last_updated, c:<run> claim ms,
+--          parked + p:<run>: the session's parked turns, session_touch.lua)
 -- KEYS[3]  order zset
 -- ARGV[1]  run_id
 -- ARGV[2]  how long the session's keys live at least from now, ms
 --
 -- Returns {"retired"} (no turn opens) | {"ok", order, new (0|1), last_updated}
+--! include session_ttl
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'retired'}
 end
@@ -24,10 +26,6 @@ redis.call('ZADD', KEYS[3], order, ARGV[1])
 redis.call('HSET', KEYS[2], 'last_updated', stamp,
   'c:' .. ARGV[1], string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
 -- The keys outlive the turns they point at (a reader drops entries whose record is
--- gone); a session with a parked turn is persisted by the store when it learns of it.
-local ttl = tonumber(ARGV[2])
-for i = 2, 3 do
-  local left = redis.call('PTTL', KEYS[i])
-  if left ~= -1 and left < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
-end
+-- gone), and lose their TTL only while a turn of the session is parked.
+session_keep(KEYS[2], KEYS[3], tonumber(ARGV[2]))
 return {'ok', order, 1, stamp}

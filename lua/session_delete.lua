@@ -3,7 +3,7 @@
 -- them (with the run logs) from the run ids this returns.
 --
 -- KEYS[1]  tombstone   KEYS[2]  session meta   KEYS[3]  order zset
--- ARGV[1]  "retire" | "clear" | "prune" | "persist"
+-- ARGV[1]  "retire" | "clear" | "prune"
 -- retire:  ARGV[2] tombstone value. Writes the durable tombstone (no TTL), then drops the
 --          index. Returns {"ok", run_id...}.
 -- clear:   ARGV[2] the session's `seq` the caller saw when it checked that no turn is
@@ -12,20 +12,23 @@
 --          handed out twice) and returns {"ok", run_id...}.
 -- prune:   ARGV[2..] run_id, order, ...: entries whose record the caller found gone;
 --          removed while they still have that order. Returns {"ok"}.
--- persist: the session holds a parked turn: its keys lose their TTL. Returns {"ok"}.
+-- (A dropped entry's parked mark goes with it: session_ttl.lua.)
 local op = ARGV[1]
+
+local function forget(run)
+  redis.call('HDEL', KEYS[2], 'c:' .. run)
+  if redis.call('HDEL', KEYS[2], 'p:' .. run) == 1 then
+    redis.call('HINCRBY', KEYS[2], 'parked', -1)
+  end
+end
+
 if op == 'prune' then
   for i = 2, #ARGV, 2 do
     if redis.call('ZSCORE', KEYS[3], ARGV[i]) == ARGV[i + 1] then
       redis.call('ZREM', KEYS[3], ARGV[i])
-      redis.call('HDEL', KEYS[2], 'c:' .. ARGV[i])
+      forget(ARGV[i])
     end
   end
-  return {'ok'}
-end
-if op == 'persist' then
-  redis.call('PERSIST', KEYS[2])
-  redis.call('PERSIST', KEYS[3])
   return {'ok'}
 end
 if op == 'clear' then
@@ -38,7 +41,7 @@ end
 local out = {'ok'}
 for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   out[#out + 1] = id
-  redis.call('HDEL', KEYS[2], 'c:' .. id)
+  forget(id)
 end
 redis.call('DEL', KEYS[3])
 if op == 'retire' then redis.call('DEL', KEYS[2]) end

@@ -13,8 +13,9 @@ script is single-slot and atomic):
     <p>session:{<sid>}:key:<key>    hash    run, at: the run a claim's idempotency key
                                             started (claim_key.lua; expires on its own)
 
-The session's keys live at least `stream_ttl + ended_ttl` after its newest claim, and
-without TTL once a turn of it parked (`session_touch.lua`), as long as its records can.
+The session's keys live at least `stream_ttl + ended_ttl` after its newest claim or turn
+move, as long as its records can, and without TTL while a turn of it is parked (`parked`
+and `p:<run>` in the meta hash count them: `session_ttl.lua`).
     <p>session:{<sid>}:feed         shard channel (no key): a turn was created, or the
                                             session was retired (what session feeds wait on)
 
