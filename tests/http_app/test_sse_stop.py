@@ -17,6 +17,8 @@ from typing import Any
 import anyio
 import pytest
 
+from gateway.http.framings.run import RunFraming
+from gateway.http.streaming.observer import StreamObserver
 from gateway.http.streaming.sse import SSEResponse
 from gateway.http.streaming.subscriptions import SubscriptionRegistry
 from gateway.values import StreamEvent, StreamItem
@@ -61,7 +63,13 @@ class Client:
 
 
 def response(batches: Any) -> SSEResponse:
-    return SSEResponse(run_id="r", subscribe=batches, registry=SubscriptionRegistry())
+    return SSEResponse(
+        steps=batches,
+        framing=RunFraming("r"),
+        observer=StreamObserver(None, run_id="r"),
+        registry=SubscriptionRegistry(),
+        track="r",
+    )
 
 
 SCOPE: dict[str, Any] = {"type": "http", "method": "GET", "path": "/v1/runs/r/stream"}

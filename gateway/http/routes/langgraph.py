@@ -36,6 +36,7 @@ from ..edge import access
 from ..edge.auth import Principal
 from ..edge.bodies import require_json
 from ..edge.routing import SSERoute
+from ..framings.langgraph import langgraph_framing
 from ..openapi import (
     LAST_EVENT_ID,
     READER_ERRORS,
@@ -49,7 +50,6 @@ from ..openapi import (
 from ..responses import json_response
 from ..schemas import CancelAccepted, CancelRequest, StreamQuery, ThreadRun
 from ..state import GatewayState, gateway_state
-from ..streaming.frames import LANGGRAPH
 from .subscriber import lookup, request_cancel, sse_response
 
 LANGGRAPH_STATUS: Final[dict[str, str]] = {
@@ -100,7 +100,7 @@ async def join_stream(request: Request) -> Response:
         state,
         info,
         ((b"location", location.encode()),),
-        LANGGRAPH,
+        langgraph_framing,
         expires_at=principal.expires_at,
     )
 

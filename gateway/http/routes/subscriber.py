@@ -7,7 +7,7 @@ is looked up (404 unknown, 403 when the credentials do not cover it).
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -25,6 +25,7 @@ from ..edge import access
 from ..edge.auth import Principal
 from ..edge.bodies import require_json
 from ..edge.routing import SSERoute
+from ..framings.run import RunFraming
 from ..openapi import (
     LAST_EVENT_ID,
     READER_ERRORS,
@@ -46,8 +47,10 @@ from ..schemas import (
     WaitRunning,
 )
 from ..state import GatewayState, gateway_state
-from ..streaming.frames import RUN, TERMINAL_CURSORS, Framing
-from ..streaming.sse import ResumeStart, SSEResponse
+from ..streaming.frames import TERMINAL_CURSORS
+from ..streaming.framing import Framing, Steps
+from ..streaming.observer import ResumeStart, StreamObserver
+from ..streaming.sse import SSEResponse
 
 DEFAULT_WAIT_SECONDS: Final = 30.0
 MAX_WAIT_SECONDS: Final = 300.0
@@ -96,9 +99,9 @@ def sse_response(
     state: GatewayState,
     info: RunInfo,
     extra_headers: tuple[tuple[bytes, bytes], ...] = (),
-    framing: Framing = RUN,
+    framing_of: Callable[[str], Framing[StreamItem]] = RunFraming,
     expires_at: float | None = None,
-    subscribe: Callable[[], AsyncGenerator[Sequence[StreamItem], None]] | None = None,
+    subscribe: Steps[StreamItem] | None = None,
 ) -> Response:
     """The SSE response for a run the reader may see (docs/protocol.md §4).
 
@@ -113,26 +116,26 @@ def sse_response(
     cursor = cursor_of(request)
     if cursor in TERMINAL_CURSORS:
         return Response(status_code=204)
-    common: dict[str, Any] = {
-        "run_id": info.run_id,
-        "registry": state.subscriptions,
-        "extra_headers": extra_headers,
-        "metrics": state.metrics,
-        "send_timeout": state.settings.sse_send_timeout_seconds,
-        "framing": framing,
-        "resume": _resume_start(cursor),
-    }
-    if info.ended and not info.log_exists and common["resume"] != "cursor":
+    resume = _resume_start(cursor)
+    framing = framing_of(info.run_id)
+    observer = StreamObserver(state.metrics, run_id=info.run_id, resume=resume)
+    steps, final_frame = subscribe, b""
+    if info.ended and not info.log_exists and resume != "cursor":
         # The log is gone and the record knows how it ended. A valid cursor goes to the
         # bridge instead: one before the run's last event missed events (a gap).
-        frame = framing.end(End(info.status, info.error))  # type: ignore[arg-type]
-        return SSEResponse(subscribe=None, final_frame=frame, **common)
-    if subscribe is None:
-        subscribe = functools.partial(state.bridge.subscribe_batches, info.run_id, cursor)
+        steps, final_frame = None, framing.frame(End(info.status, info.error))  # type: ignore[arg-type]
+    elif steps is None:
+        steps = functools.partial(state.bridge.subscribe_batches, info.run_id, cursor)
     return SSEResponse(
-        subscribe=subscribe,
+        steps=steps,
+        framing=framing,
+        observer=observer,
+        registry=state.subscriptions,
+        track=info.run_id,
+        final_frame=final_frame,
+        extra_headers=extra_headers,
+        send_timeout=state.settings.sse_send_timeout_seconds,
         expires_at=expires_at,
-        **common,
     )
 
 

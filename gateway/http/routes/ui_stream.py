@@ -24,74 +24,24 @@ nothing else (docs/client.md).
 from __future__ import annotations
 
 import functools
-from typing import Any, Final
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ...names import check_session_id
-from ...sessions.turns import UI_CHUNK_EVENT
-from ...values import End, StreamEvent, StreamGap, encode_json
+from ...values import StreamGap, StreamItem
 from ..edge import access
 from ..edge.routing import SSERoute
+from ..framings.ui_messages import UI_MESSAGES, UI_STREAM_HEADER
 from ..openapi import STREAM_ERRORS, Operation, Reply, document
 from ..state import gateway_state
-from ..streaming.frames import Framing
+from ..streaming.framing import Steps
+from ..streaming.observer import StreamObserver
 from ..streaming.sse import SSEResponse
 
-UI_STREAM_HEADER: Final = (b"x-vercel-ai-ui-message-stream", b"v1")
-DONE_FRAME: Final = b"data: [DONE]\n\n"
 # A cursor before any event id: the replay starts at the first event, or is a gap.
 BEFORE_FIRST_EVENT: Final = "0-0"
-
-
-def _chunk(payload: dict[str, Any]) -> bytes:
-    # the one encoder: no frame carries a raw U+2028, U+2029 or U+0085 (values.py)
-    return b"data: %s\n\n" % encode_json(payload)
-
-
-def error_chunk(text: str) -> bytes:
-    return _chunk({"type": "error", "errorText": text})
-
-
-class UIMessageFraming(Framing):
-    """UI message chunks only: one `data:` line each, `[DONE]` or an `error` chunk last."""
-
-    opening_retry = False  # the SDK does not reconnect by itself
-
-    def event(self, item: StreamEvent) -> bytes:
-        if item.event != UI_CHUNK_EVENT:
-            return b""
-        data = item.data
-        if b"\n" in data or b"\r" in data:  # never from the bridge's encoder
-            return b""
-        return b"data: %s\n\n" % data
-
-    def end(self, end: End) -> bytes:
-        if end.status == "success":
-            return DONE_FRAME
-        text = f"the turn ended: {end.status}"
-        message = end.error.get("message") if isinstance(end.error, dict) else None
-        if isinstance(message, str) and message:
-            text += f" ({message})"
-        return error_chunk(text)
-
-    def gap(self, run_id: str, gap: StreamGap) -> bytes:
-        return error_chunk(
-            f"the turn's events are no longer retained ({gap.reason}); reload the chat"
-        )
-
-    def unavailable(self, run_id: str, detail: str) -> bytes | None:
-        return None
-
-    def shutdown(self) -> bytes | None:
-        return None
-
-    def token_expired(self) -> bytes | None:
-        return None  # an interrupted stream: the page resumes it (with a fresh token)
-
-
-UI_MESSAGES: Final = UIMessageFraming()
 
 
 @document(
@@ -119,20 +69,24 @@ async def ui_stream(request: Request) -> Response:
     if info is None or info.session_id != session_id:
         return Response(status_code=204)
     access.reader_of(principal, info)
-    common: dict[str, Any] = {
-        "run_id": info.run_id,
-        "registry": state.subscriptions,
-        "extra_headers": (UI_STREAM_HEADER,),
-        "metrics": state.metrics,
-        "send_timeout": state.settings.sse_send_timeout_seconds,
-        "framing": UI_MESSAGES,
-    }
+    steps: Steps[StreamItem] | None = functools.partial(
+        state.bridge.subscribe_batches, info.run_id, BEFORE_FIRST_EVENT
+    )
+    final_frame = b""
     if info.ended and not info.log_exists:  # nothing left to replay from the start
         gone = StreamGap(BEFORE_FIRST_EVENT, None, None, "stream_removed")
-        return SSEResponse(subscribe=None, final_frame=UI_MESSAGES.gap(info.run_id, gone), **common)
-    subscribe = functools.partial(state.bridge.subscribe_batches, info.run_id, BEFORE_FIRST_EVENT)
-    # ends when the reader's token expires, as every stream does
-    return SSEResponse(subscribe=subscribe, expires_at=principal.expires_at, **common)
+        steps, final_frame = None, UI_MESSAGES.frame(gone)
+    return SSEResponse(
+        steps=steps,
+        framing=UI_MESSAGES,
+        observer=StreamObserver(state.metrics, run_id=info.run_id),
+        registry=state.subscriptions,
+        track=info.run_id,
+        final_frame=final_frame,
+        extra_headers=(UI_STREAM_HEADER,),
+        send_timeout=state.settings.sse_send_timeout_seconds,
+        expires_at=principal.expires_at,  # it ends when the reader's token expires
+    )
 
 
 routes: Final = [SSERoute("/v1/sessions/{session_id}/ui-stream", ui_stream)]

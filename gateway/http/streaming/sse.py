@@ -19,7 +19,10 @@ monkey-patches uvicorn process-wide. This response keeps its behaviours:
   `Framing` says so, the AI SDK's ui-stream, ends incomplete: a dropped connection,
   which that client resumes instead of reading it as a finished answer).
 
-What each item looks like on the wire is the response's `Framing` (`frames.py`).
+What each item looks like on the wire, and how a response ends when no item ended it, is
+the `Framing` the route passes in (`framing.py`; one per stream kind, under
+`gateway/http/framings/`); what the response reports is the `StreamObserver` it passes in
+(`observer.py`). The response itself never changes with the kind of stream.
 
 One task reads and writes: it takes the bridge's items in batches (`subscribe_batches`:
 everything ready at once) and writes each batch as one `send` (split at
@@ -49,21 +52,16 @@ response (`Outcome`, the request log line's `outcome`) is set along the way.
 A subscriber-side backend failure ends the response with an `unavailable` frame (no
 `id:`), never touching the producer. A disconnect never cancels the producer either.
 
-Observability (docs/operations.md): with `metrics`, each write adds its bytes to
-`gateway_sse_bytes_out_total` and, when it carries events, their count to
-`gateway_events_delivered_total` and one delivery-lag observation (the newest event of
-the write); the resume outcome, gaps and drains are counted once per response. The
-stream outcome and events delivered go to the request log line (`observe`).
+Observability: the observer (`observer.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from enum import Enum, StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Final, Generic
 
 import anyio
 from starlette.requests import Request
@@ -73,14 +71,12 @@ from starlette.types import Message, Receive, Scope, Send
 from ...bridge.base import close_subscription
 from ...errors import BackendUnavailable, BridgeClosed, TooManyStreams
 from ...timing.send_watch import SendWatch
-from ...values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
+from ...values import StreamEvent, StreamGap
 from ..edge.errors import handled_error_response, public_detail
-from ..edge.observe import body_send, lifecycle, record_of
-from ..metrics import Metrics, ResumeOutcome
-from .frames import RUN, Framing
+from ..edge.observe import body_send, record_of
+from .framing import Closing, Framing, ItemT, Steps
+from .observer import StreamObserver
 from .subscriptions import READER_KEY, SubscriptionRegistry
-
-log = logging.getLogger(__name__)
 
 SSE_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -90,85 +86,70 @@ SSE_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
 COALESCE_BYTES: Final = 64 * 1024
 SEND_TIMEOUT: Final = 30.0
 
-Subscribe = Callable[[], AsyncGenerator[Sequence[StreamItem], None]]
-# How the reader asked to start: no cursor, a malformed one, or a valid one (whose
-# outcome, exact or a gap, is known at the subscription's first item).
-ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
 
-
-class SSEResponse(Response):
+class SSEResponse(Response, Generic[ItemT]):
     """ASGI response streaming one subscription as SSE (a `Response` only for routing).
 
-    `subscribe` (a `subscribe_batches` call) is made once the response has started;
-    `None` means the stream is already known to be over and only `final_frame` (an `end`
-    frame) is written. `on_delivered(n)` is told how many data events each write carried.
-    `metrics` and `resume` feed the metrics (see the module doc); both are optional.
+    `steps` (a subscription: batches of the stream's items) is called once the response
+    has started; `None` means the stream is already known to be over and only
+    `final_frame` is written. `framing` says what each item is on the wire and how the
+    response ends otherwise; `observer` reports it (metrics, logs, resume counts).
+    `track` is the run the subscription registry counts the stream under (None for a
+    session feed, whose runs change). `expires_at` (unix seconds): the reader's token
+    expires then, and the response ends like a drain, with the framing's last frame.
     """
 
     def __init__(
         self,
         *,
-        run_id: str,
-        subscribe: Subscribe | None,
+        steps: Steps[ItemT] | None,
+        framing: Framing[ItemT],
+        observer: StreamObserver,
         registry: SubscriptionRegistry,
+        track: str | None,
         final_frame: bytes = b"",
         extra_headers: tuple[tuple[bytes, bytes], ...] = (),
-        on_delivered: Callable[[int], None] | None = None,
         send_timeout: float = SEND_TIMEOUT,
-        metrics: Metrics | None = None,
-        resume: ResumeStart | None = None,
         expires_at: float | None = None,
-        framing: Framing = RUN,
     ) -> None:
-        self.run_id = run_id
         self.status_code = 200
         self.background = None
-        self._subscribe = subscribe
+        self._steps = steps
+        self._framing = framing
+        self._observer = observer
         self._registry = registry
+        self._track = track
         self._final_frame = final_frame
         self._sse_headers = SSE_HEADERS + extra_headers
-        self._on_delivered = on_delivered
         self._send_timeout = send_timeout
-        self._metrics = metrics
-        self._resume = resume
-        self._count_first = resume == "cursor"  # a resume's outcome, from its first item
-        self._expires_at = expires_at  # unix seconds: the reader's token expires then
-        self._framing = framing
-        self._request_id: str | None = None
-        self._started_ms = 0.0
+        self._expires_at = expires_at
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         record = record_of(scope)
-        self._request_id = None if record is None else record.request_id
-        self._started_ms = time.time() * 1000
         reader: str | None = scope.get(READER_KEY)
-        # (an ended run's response is over at once: it needs no share)
-        if self._subscribe is not None and await self._over_share(scope, receive, send, reader):
+        # (a stream that is over at once needs no share)
+        if self._steps is not None and await self._over_share(scope, receive, send, reader):
             return
-        with self._registry.track(self.run_id, "sse", reader):
+        with self._registry.track(self._track, "sse", reader):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": list(self._sse_headers)}
             )
-            if self._resume == "from_start":
-                self._count_resume("from_start")
-            elif self._resume == "malformed_cursor":
-                self._count_resume("malformed_cursor")
-            if self._subscribe is None:
-                if self._resume == "cursor":
-                    self._count_resume("exact")
+            self._observer.started(
+                None if record is None else record.request_id, streaming=self._steps is not None
+            )
+            if self._steps is None:
                 outcome = Outcome.SEND_TIMEOUT
                 with anyio.move_on_after(self._send_timeout):
                     body = self._framing.opening() + self._final_frame
                     await send({"type": "http.response.body", "body": body, "more_body": False})
-                    if self._metrics is not None:
-                        self._metrics.bytes_out.inc(len(body))
+                    self._observer.wrote(len(body), 0, None)
                     outcome = Outcome.END
                 if record is not None:
                     record.outcome, record.events_delivered = outcome, 0
                 return
             stream = _Stream(self._send_timeout, asyncio.current_task())
             try:
-                await self._serve(receive, send, self._subscribe, stream)
+                await self._serve(receive, send, self._steps, stream)
             finally:
                 if record is not None:
                     record.outcome, record.events_delivered = stream.outcome, stream.sent
@@ -188,23 +169,8 @@ class SSEResponse(Response):
             return True
         return False
 
-    def _count_resume(self, outcome: ResumeOutcome) -> None:
-        if self._metrics is not None:
-            self._metrics.resumes[outcome].inc()
-
-    def _first_item(self, item: StreamItem) -> None:
-        """Count a valid cursor's resume outcome from the subscription's first item."""
-        if isinstance(item, StreamGap):
-            if item.reason == "trimmed":
-                self._count_resume("gap_trimmed")
-            elif item.reason == "stream_removed":
-                self._count_resume("gap_stream_removed")
-            # bridge_closed: the gateway is shutting down; not a resume outcome
-        else:
-            self._count_resume("exact")
-
     async def _serve(
-        self, receive: Receive, send: Send, subscribe: Subscribe, stream: _Stream
+        self, receive: Receive, send: Send, steps: Steps[ItemT], stream: _Stream
     ) -> None:
         """Stream in this task, with the disconnect watcher beside it.
 
@@ -220,7 +186,7 @@ class SSEResponse(Response):
         if self._expires_at is not None:  # ends like a drain, with its own last frame
             delay = max(0.0, self._expires_at - time.time())
             expiry = asyncio.get_running_loop().call_later(delay, stream.expire)
-        batches = subscribe()
+        batches = steps()
         try:
             opening = self._framing.opening()
             if opening:
@@ -254,7 +220,7 @@ class SSEResponse(Response):
             await asyncio.wait([watcher])
             if stream.stopped is Stop.SEND_TIMEOUT:
                 stream.outcome = Outcome.SEND_TIMEOUT
-                log.info("sse: client of run %s too slow to read; dropping it", self.run_id)
+                self._observer.send_timed_out()
             elif stream.stopped is Stop.DISCONNECT:
                 stream.outcome = Outcome.DISCONNECT
 
@@ -265,20 +231,20 @@ class SSEResponse(Response):
                 stream.stop(Stop.DISCONNECT)
                 return
 
-    async def _pump(self, batches: AsyncIterator[Any], send: Send, stream: _Stream) -> None:
+    async def _pump(
+        self, batches: AsyncIterator[Sequence[ItemT]], send: Send, stream: _Stream
+    ) -> None:
         """Read a batch, write it; until a terminal item, a drain or a backend failure.
-
-        The one write loop of every SSE stream: a run's (any `Framing`) and the session
-        feed's, which differ only in how a batch becomes frames (`_write_batch`) and in
-        the `unavailable` frame (`_unavailable_frame`).
-        """
+        The one write loop of every SSE stream, whatever its framing."""
+        framing = self._framing
         while True:
             if stream.draining:
                 if stream.expired:
-                    frame = self._framing.token_expired()
+                    frame = framing.closing(Closing.TOKEN_EXPIRED, "")
                     await self._last_frame(send, stream, frame, Outcome.TOKEN_EXPIRED)
                 else:
-                    await self._last_frame(send, stream, self._framing.shutdown(), Outcome.DRAIN)
+                    frame = framing.closing(Closing.SHUTDOWN, "")
+                    await self._last_frame(send, stream, frame, Outcome.DRAIN)
                 return
             stream.state = StreamState.READING
             try:
@@ -287,9 +253,9 @@ class SSEResponse(Response):
                 await self._last_frame(send, stream, b"", Outcome.END)
                 return
             except (BackendUnavailable, BridgeClosed, OSError) as exc:
-                self._unavailable(exc)
+                self._observer.unavailable(exc)
                 # what a client may see of it: never the server's address
-                frame = self._unavailable_frame(public_detail(exc))
+                frame = framing.closing(Closing.UNAVAILABLE, public_detail(exc))
                 await self._last_frame(send, stream, frame, Outcome.UNAVAILABLE)
                 return
             finally:
@@ -298,43 +264,37 @@ class SSEResponse(Response):
                 return
             del batch  # (not held while the next is awaited: a replay, till a heartbeat)
 
-    def _unavailable_frame(self, detail: str) -> bytes | None:
-        return self._framing.unavailable(self.run_id, detail)
-
-    async def _write_batch(self, send: Send, stream: _Stream, batch: Sequence[StreamItem]) -> bool:
-        """Write one batch of a run's items as one write; True when it ended the stream."""
-        if self._count_first:
-            self._count_first = False
-            self._first_item(batch[0])
-        framing = self._framing
-        if len(batch) == 1 and type(batch[0]) is StreamEvent:  # a live reader's usual batch
-            event = batch[0]
-            frame = framing.event(event)
+    async def _write_batch(self, send: Send, stream: _Stream, batch: Sequence[ItemT]) -> bool:
+        """Write one batch as one write (split at `COALESCE_BYTES`); True when a terminal
+        item ended the stream."""
+        observer, framing = self._observer, self._framing
+        first = batch[0]
+        observer.first_item(first)
+        if len(batch) == 1 and isinstance(first, StreamEvent):  # a live reader's usual batch
+            frame = framing.frame(first)
             if frame:
-                await self._write(send, stream, frame, 1, event.id, more=True)
+                await self._write(send, stream, frame, 1, first.id, more=True)
             return False
+        terminal = framing.terminal
         chunks: list[bytes] = []
         size = events = 0
         last_id: str | None = None
         for item in batch:
-            if isinstance(item, StreamEvent):
-                frame = framing.event(item)
-                if not frame:
-                    continue  # not for this kind of stream
-                events += 1
-                last_id = item.id
-            elif isinstance(item, Heartbeat):
-                frame = framing.heartbeat()
-            else:  # End or StreamGap: the last item, and the response's last write
-                if isinstance(item, End):
-                    chunks.append(framing.end(item))
-                    stream.outcome = Outcome.END
-                else:
-                    chunks.append(framing.gap(self.run_id, item))
-                    self._gap_served(item)
+            frame = framing.frame(item)
+            if isinstance(item, terminal):  # the last item, and the response's last write
+                chunks.append(frame)
+                if isinstance(item, StreamGap):
+                    observer.gap(item)
                     stream.outcome = Outcome.GAP
+                else:
+                    stream.outcome = Outcome.END
                 await self._write(send, stream, b"".join(chunks), events, last_id, more=False)
                 return True
+            if not frame:
+                continue  # not for this kind of stream
+            if isinstance(item, StreamEvent):
+                events += 1
+                last_id = item.id
             chunks.append(frame)
             size += len(frame)
             if size >= COALESCE_BYTES:
@@ -350,8 +310,8 @@ class SSEResponse(Response):
     ) -> None:
         """End the response with `frame`; None: leave it incomplete (the server drops
         the connection, which the framing's client reads as an interrupted stream)."""
-        if outcome is Outcome.DRAIN and self._metrics is not None:
-            self._metrics.drained.inc()
+        if outcome is Outcome.DRAIN:
+            self._observer.drained()
         stream.outcome = outcome
         if frame is None:
             return
@@ -369,58 +329,8 @@ class SSEResponse(Response):
         more: bool,
     ) -> None:
         await stream.send(send, body, more=more)
-        metrics = self._metrics
-        if metrics is not None:
-            metrics.bytes_out.inc(len(body))
-        if delivered:
-            stream.sent += delivered
-            if self._on_delivered is not None:
-                self._on_delivered(delivered)
-            if metrics is not None:
-                metrics.delivered(delivered)
-                if last_id is not None:
-                    metrics.lag.observe(self._lag_seconds(last_id))
-
-    def _unavailable(self, exc: Exception) -> None:
-        if isinstance(exc, BridgeClosed):
-            log.info("sse: run %s subscription ended: bridge closed", self.run_id)
-            return
-        if self._metrics is not None:
-            self._metrics.unavailable("sse")
-        lifecycle(
-            "backend_unavailable",
-            "sse subscription failed",
-            level=logging.WARNING,
-            route_kind="sse",
-            run_id=self.run_id,
-            request_id=self._request_id,
-            error=type(exc).__name__,
-        )
-
-    def _gap_served(
-        self, gap: StreamGap, run_id: str | None = None, session_id: str | None = None
-    ) -> None:
-        """Count the gap and log it, naming its run (this response's unless given) and,
-        for a session feed, the session."""
-        if self._metrics is not None:
-            self._metrics.gaps[gap.reason].inc()
-        lifecycle(
-            "gap",
-            "gap served",
-            run_id=self.run_id if run_id is None else run_id,
-            session_id=session_id,
-            request_id=self._request_id,
-            reason=gap.reason,
-            requested_event_id=gap.requested_event_id,
-            earliest_available_event_id=gap.earliest_available_event_id,
-            latest_available_event_id=gap.latest_available_event_id,
-        )
-
-    def _lag_seconds(self, event_id: str) -> float:
-        """Now minus the later of the event's publish time (its id's ms) and our start."""
-        published_ms = float(event_id[: event_id.find("-")])
-        lag_ms = time.time() * 1000 - max(published_ms, self._started_ms)
-        return lag_ms / 1000 if lag_ms > 0 else 0.0
+        stream.sent += delivered
+        self._observer.wrote(len(body), delivered, last_id)
 
 
 class Outcome(StrEnum):
