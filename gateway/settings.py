@@ -35,7 +35,7 @@ import difflib
 import re
 import warnings
 from typing import Annotated, Final, Literal, Self
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -302,6 +302,9 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"the URL's {option} option is not supported: {_REDIS_URL_REFUSED[option]}"
                 )
+        password = urlsplit(url).password
+        if password is not None and _is_example_secret(unquote(password)):
+            raise ValueError(f"the URL's password {_EXAMPLE_REFUSED}")
         return url
 
     @field_validator("api_keys")

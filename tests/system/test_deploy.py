@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 from uuid import uuid4
 
 import anyio
@@ -32,7 +33,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gateway.cli import SHUTDOWN_GRACE_SECONDS
+from gateway.cli import SHUTDOWN_GRACE_SECONDS, ConfigError, build_settings
 from gateway.settings import Settings
 from tests.support.http_server import ProducerClient
 from tests.support.proxies import (
@@ -575,6 +576,109 @@ def test_k8s_manifests_parse_and_cover_the_basics() -> None:
     assert "GATEWAY_API_KEYS" in env or any("secretRef" in s for s in container.get("envFrom", []))
 
 
+def the_pod(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Deployment's pod template and its one container."""
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod: dict[str, Any] = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    return pod, container
+
+
+def test_k8s_takes_the_redis_url_from_a_secret() -> None:
+    """The URL carries Redis's password: a Secret key, never a ConfigMap value; the
+    example is rediss:// with a password, its CA file in a mounted Secret."""
+    docs = k8s_documents()
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            assert "GATEWAY_REDIS_URL" not in (doc.get("data") or {}), doc["metadata"]
+    pod, container = the_pod(docs)
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["GATEWAY_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "gateway-secrets", "key": "GATEWAY_REDIS_URL"}  # not optional
+    example = urlsplit(shipped_example_secrets()["GATEWAY_REDIS_URL"])
+    assert example.scheme == "rediss" and example.password
+    (ca,) = parse_qs(example.query)["ssl_ca_certs"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if ca.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["secret"]["secretName"] == "gateway-redis-tls"
+
+
+def selected(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    match: dict[str, str] = policy["spec"]["podSelector"]["matchLabels"]
+    return match.items() <= labels.items()
+
+
+def test_k8s_network_policies_keep_redis_and_the_gateway_private() -> None:
+    """Applied by the kustomization: the gateway pods take connections only from the
+    ingress controller (and Prometheus) on their http port; Redis pods only from the
+    gateway pods (and each other), in this namespace."""
+    docs = kustomization_resources()
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    pod, _ = the_pod(docs)
+    gateway_labels = pod["metadata"]["labels"]
+    redis_labels = {"app.kubernetes.io/name": "redis"}
+
+    (to_gateway,) = [p for p in policies if selected(p, gateway_labels)]
+    assert to_gateway["spec"]["policyTypes"] == ["Ingress"]
+    peers = [peer for rule in to_gateway["spec"]["ingress"] for peer in rule["from"]]
+    namespaces = {
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in peers
+    }
+    assert "ingress-nginx" in namespaces
+    for peer in peers:  # a namespace and the pods in it, never "anyone" or an address range
+        assert "ipBlock" not in peer and peer["podSelector"]["matchLabels"], peer
+    for rule in to_gateway["spec"]["ingress"]:
+        assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+    (to_redis,) = [p for p in policies if selected(p, redis_labels)]
+    assert to_redis["spec"]["policyTypes"] == ["Ingress"]
+    for rule in to_redis["spec"]["ingress"]:
+        for peer in rule["from"]:  # pods of this namespace only
+            assert set(peer) == {"podSelector"}, peer
+            assert peer["podSelector"]["matchLabels"] in (gateway_labels, redis_labels), peer
+    from_gateway = [
+        rule
+        for rule in to_redis["spec"]["ingress"]
+        if rule["from"] == [{"podSelector": {"matchLabels": gateway_labels}}]
+    ]
+    assert from_gateway and {p["port"] for p in from_gateway[0]["ports"]} == {6379, 6380}
+
+
+def ingress_routes(ingress: dict[str, Any], path: str) -> bool:
+    """Does the Ingress send `path` to a backend (Kubernetes' path matching)?"""
+    for rule in ingress["spec"]["rules"]:
+        for entry in rule["http"]["paths"]:
+            want = entry["path"]
+            if entry["pathType"] == "Exact":
+                hit = path == want
+            else:  # Prefix (ImplementationSpecific read the same way): by path element
+                base = want.rstrip("/")
+                hit = path == base or path.startswith(base + "/")
+            if hit:
+                return True
+    return False
+
+
+def test_the_example_ingress_routes_the_api_but_not_metrics_or_readyz() -> None:
+    (ingress,) = [d for d in k8s_documents() if d["kind"] == "Ingress"]
+    assert "defaultBackend" not in ingress["spec"]
+    for path in ("/metrics", "/readyz", "/healthz", "/metrics/", "/readyz/x"):
+        assert not ingress_routes(ingress, path), path
+    for path in (
+        "/v1/runs",
+        "/v1/runs/r1/stream",
+        "/v1/sessions/s1/stream",
+        "/threads/s1/runs/r1/stream",
+        "/",
+        "/static/console.js",
+        "/openapi.json",
+    ):
+        assert ingress_routes(ingress, path), path
+    annotations = ingress["metadata"]["annotations"]
+    assert int(annotations["nginx.ingress.kubernetes.io/limit-connections"]) > 0
+
+
 def test_deploy_files_set_only_real_settings() -> None:
     """Every `GATEWAY_*` name the gateway containers get is a setting (others are refused)."""
     settings = {f"GATEWAY_{name.upper()}" for name in Settings.model_fields}
@@ -694,7 +798,11 @@ def test_the_pod_command_starts_with_the_environment_kubernetes_gives_it(
     port = free_port()
     argv, container = pod_command(port)
     key = secrets.token_hex(32)
-    secret_values = {"GATEWAY_API_KEYS": key, "GATEWAY_JWT_SECRET": secrets.token_hex(32)}
+    secret_values = {
+        "GATEWAY_REDIS_URL": redis_url,
+        "GATEWAY_API_KEYS": key,
+        "GATEWAY_JWT_SECRET": secrets.token_hex(32),
+    }
     env = pod_environment(container, secret_values, redis_url)
     assert env["GATEWAY_PORT"] == f"tcp://{CLUSTER_IP}:80"  # what collided with `port`
     env["GATEWAY_PYTHON"] = sys.executable  # a wrapper script's own variable
@@ -746,8 +854,13 @@ def test_the_pod_command_refuses_the_shipped_example_secrets(
         assert value not in done.stderr  # a secret is never echoed
     # Each shipped placeholder (and the `change-me` key older docs used) is refused
     # wherever a secret goes, also once a real key is given beside it.
+    example_url = example.pop("GATEWAY_REDIS_URL")
     for value in [*example.values(), "change-me"]:
         with pytest.raises(ValidationError, match="example value"):
             Settings(api_keys=("a-real-key-0123456789", value))
         with pytest.raises(ValidationError, match=r"example value|at least 32 bytes"):
             Settings(jwt_secret=value)
+    # The example Redis URL's placeholder password too, and it is never echoed.
+    with pytest.raises(ConfigError, match="password is an example value") as refused:
+        build_settings({"redis_url": example_url})
+    assert urlsplit(example_url).password not in str(refused.value)
