@@ -63,7 +63,7 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class Operation:
     """What one endpoint takes and answers. `errors` are the error statuses it may
-    answer (`ERRORS` describes each); `who` sets the credentials it takes."""
+    answer (`error_codes` and `STATUS_MEANINGS` describe each); `who` sets the credentials it takes."""
 
     summary: str
     who: Who
@@ -79,23 +79,48 @@ class Operation:
 
 # -- the shared pieces ----------------------------------------------------------------------
 
-ERRORS: Final[Mapping[int, str]] = {
-    400: "invalid_json: the body is not valid JSON (or is empty where one is required)",
-    401: "unauthorized / token_expired: missing, invalid or expired credentials",
-    403: "forbidden: the credentials do not cover this route, run or session; "
-    "host_not_allowed: an open (unauthenticated) gateway answers only for loopback Host names",
-    404: "run_not_found / not_found: no such run (or not a run of this thread); no such path",
-    409: "fenced / ended / run_owned / run_ended / session_mismatch / session_active / "
-    "sequence_gap / sequence_conflict",
-    413: "too_large: body, event or batch over the configured limits",
-    415: "unsupported_media_type: a POST without Content-Type: application/json",
-    422: "invalid_input: a malformed field, id, name, status, query parameter or cursor "
-    "(malformed_cursor); reserved_event_name; number_out_of_range (an integer beyond 64 "
-    "bits); missing_producer_token",
-    429: "too_many_streams / too_many_append_streams: this reader or key holds its share "
-    "of the open streams; retry after Retry-After seconds",
-    503: "backend_unavailable / bridge_closed / draining: retry after Retry-After seconds",
+# What each error status means to a client; the codes under it are generated from their
+# one source (`error_codes`).
+STATUS_MEANINGS: Final[Mapping[int, str]] = {
+    400: "the body is not valid JSON, or the request contradicts itself",
+    401: "missing, invalid or expired credentials",
+    403: "the credentials do not cover this route, run or session; an open gateway "
+    "answers only for loopback Host names",
+    404: "no such run (or not a run of this thread); no such path",
+    408: "a streamed append's body sent nothing for a whole lease (an error line)",
+    409: "the run's or session's state refuses the request",
+    413: "body, event or batch over the configured limits",
+    415: "a POST without Content-Type: application/json",
+    422: "a malformed field, id, name, status, query parameter or cursor",
+    429: "this reader or key holds its share of the open streams; retry after Retry-After",
+    503: "the backend is unavailable or the gateway is not serving; retry after Retry-After",
 }
+
+
+def error_codes() -> dict[int, list[str]]:
+    """Every error code a client can receive, by status: each `GatewayError` class with
+    the status of its row in `edge.errors.RULES`, and the HTTP layer's own codes
+    (`edge.errors.HTTP_CODES`). (500 is not an answer the API documents.)"""
+    from ..errors import GatewayError
+    from .edge.errors import HTTP_CODES, rule_of_class
+
+    codes: dict[int, set[str]] = {}
+    pending: list[type[GatewayError]] = [GatewayError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        codes.setdefault(rule_of_class(cls).status, set()).add(cls.code)
+    for code, status in HTTP_CODES.items():
+        codes.setdefault(status, set()).add(code)
+    codes.pop(500, None)
+    return {status: sorted(names) for status, names in sorted(codes.items())}
+
+
+def _error_description(status: int) -> str:
+    codes = " / ".join(error_codes().get(status, ()))
+    return f"{codes}: {STATUS_MEANINGS[status]}" if codes else STATUS_MEANINGS[status]
+
+
 PRODUCER_ERRORS: Final = (400, 401, 403, 409, 413, 415, 422, 503)
 READER_ERRORS: Final = (401, 403, 404, 422, 503)
 STREAM_ERRORS: Final = (*READER_ERRORS, 429)  # what holds a connection has a share
@@ -290,7 +315,7 @@ def _reply(reply: Reply) -> dict[str, Any]:
 
 def _error_reply(status: int) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "description": ERRORS[status],
+        "description": _error_description(status),
         "content": {"application/json": {"schema": _ref(Error)}},
     }
     if status in (429, 503):

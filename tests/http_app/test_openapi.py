@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -174,3 +175,26 @@ def test_declared_bodies_answer_as_the_gateway_always_did() -> None:
     assert LimitQuery.parse({"limit": "7", "access_token": "t"}).limit == 7
     with pytest.raises(GatewayError, match="limit must be an integer between 1 and 200"):
         LimitQuery.parse({"limit": "+7"})
+
+
+def test_the_error_table_is_derived_from_the_error_classes_and_http_codes() -> None:
+    """A new error class appears under its status (its row in RULES, by its MRO) and
+    every code the HTTP layer declares under its own, with nobody editing a table."""
+    from gateway.errors import SessionActive
+    from gateway.http.edge.errors import HTTP_CODES
+    from gateway.http.openapi import error_codes
+
+    class ProbeRefusal(SessionActive):
+        code = "probe_refusal"
+
+    try:
+        codes = error_codes()
+        assert "probe_refusal" in codes[409]
+        for code, status in HTTP_CODES.items():
+            assert code in codes[status]
+        assert "turn_exists" in codes[409] and "too_many_streams" in codes[429]
+        assert 500 not in codes
+    finally:
+        del ProbeRefusal
+        gc.collect()  # (__subclasses__ holds weak references: the probe is gone)
+    assert "probe_refusal" not in error_codes()[409]

@@ -40,7 +40,7 @@ def require_json(request: Request) -> None:
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":
         raise HttpError(
-            415, "unsupported_media_type", "send the request with Content-Type: application/json"
+            "unsupported_media_type", "send the request with Content-Type: application/json"
         )
 
 
@@ -64,7 +64,7 @@ async def read_json_object(
     if not body.strip():
         if allow_empty:
             return {}
-        raise HttpError(400, "invalid_json", "request body must be a JSON object")
+        raise HttpError("invalid_json", "request body must be a JSON object")
     return parse_json_object(body, "request body")
 
 
@@ -74,7 +74,7 @@ def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise HttpError(400, "invalid_json", f"{what} is not valid JSON: {exc}") from None
+        raise HttpError("invalid_json", f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object")
     if _LONG_DIGITS.search(body):
@@ -90,7 +90,6 @@ def _check_integers(body: bytes) -> None:
         # (int() refuses thousands of digits: a token that long is out of range anyway)
         if len(token) > 21 or not _INT_MIN <= int(token) <= _INT_MAX:
             raise HttpError(
-                422,
                 "number_out_of_range",
                 f"integer {token[:40].decode()}{'...' if len(token) > 40 else ''} is outside "
                 "the 64-bit range the gateway keeps exactly; send it as a string",

@@ -51,12 +51,34 @@ RETRY_AFTER_SECONDS: Final = 1
 CLIENT_CLOSED_STATUS: Final = 499
 
 
-class HttpError(Exception):
-    """An error with an explicit status and code, raised by the HTTP layer itself."""
+# The codes the HTTP layer answers itself (no `GatewayError` class), each with its status:
+# declared once here. `HttpError` and the guards take their status from it, and the OpenAPI
+# error table lists them beside the codes of `RULES` (openapi.error_codes).
+HTTP_CODES: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "invalid_json": 400,
+        "invalid_request": 400,
+        "host_not_allowed": 403,
+        "not_found": 404,
+        "method_not_allowed": 405,
+        "unsupported_media_type": 415,
+        "missing_producer_token": 422,
+        "number_out_of_range": 422,
+        "too_many_headers": 431,
+        "request_head_too_large": 431,
+        "too_many_connections": 503,
+        "draining": 503,
+        "not_started": 503,
+    }
+)
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+
+class HttpError(Exception):
+    """An error the HTTP layer raises itself, with a code of `HTTP_CODES` (its status)."""
+
+    def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
-        self.status = status
+        self.status = HTTP_CODES[code]
         self.code = code
         self.detail = detail
 
@@ -118,7 +140,11 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
 
 def rule_of(exc: GatewayError) -> ErrorRule:
     """The row of the most specific class of `exc` that has one."""
-    for cls in type(exc).__mro__:
+    return rule_of_class(type(exc))
+
+
+def rule_of_class(error: type[GatewayError]) -> ErrorRule:
+    for cls in error.__mro__:
         rule = RULES.get(cls)
         if rule is not None:
             return rule
@@ -145,7 +171,7 @@ def gateway_error_response(exc: GatewayError) -> Response:
     return error_response(rule.status, exc.code, public_detail(exc), headers, exc.details())
 
 
-_STARLETTE_CODES: Final = {404: "not_found", 405: "method_not_allowed"}
+_STARLETTE_CODES: Final = {HTTP_CODES[code]: code for code in ("not_found", "method_not_allowed")}
 
 # The exceptions the boundary answers (anything else is a bug: a 500).
 HANDLED: Final = (GatewayError, HttpError, HTTPException, ClientDisconnect)

@@ -23,6 +23,7 @@ from starlette.types import Scope, Send
 from ...hosts import host_header_is_loopback
 from ...settings import Settings
 from ..responses import json_response
+from .errors import HTTP_CODES
 
 _HOST: Final = b"host"
 _ANY_HOST_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
@@ -37,13 +38,14 @@ class RequestGuard:
         """(status, code, detail) when the request must be refused, else None."""
         headers = scope["headers"]
         if len(headers) > self._max_headers:
-            return 431, "too_many_headers", f"at most {self._max_headers} request headers"
+            code = "too_many_headers"
+            return HTTP_CODES[code], code, f"at most {self._max_headers} request headers"
         if self._loopback_only and scope["path"] not in _ANY_HOST_PATHS:
             for name, value in headers:
                 if name == _HOST:
                     if not host_header_is_loopback(value.decode("latin-1")):
                         return (
-                            403,
+                            HTTP_CODES["host_not_allowed"],
                             "host_not_allowed",
                             "without authentication this gateway answers only for loopback "
                             "host names (localhost, 127.0.0.1, [::1]); configure an API key "

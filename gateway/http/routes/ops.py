@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...errors import BackendUnavailable
-from ..edge.errors import error_response, gateway_error_response
+from ..edge.errors import HTTP_CODES, error_response, gateway_error_response
 from ..edge.observe import lifecycle, request_id_of
 from ..metrics import CONTENT_TYPE
 from ..openapi import Operation, Reply, document
@@ -94,10 +94,12 @@ async def healthz(_request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     state = gateway_state(request)
     if state.subscriptions.draining:
-        return error_response(503, "draining", "the gateway is shutting down")
+        return error_response(HTTP_CODES["draining"], "draining", "the gateway is shutting down")
     bridge, sessions = state.bridge_, state.sessions_
     if not state.started or bridge is None:
-        return error_response(503, "not_started", "the gateway has not started serving yet")
+        return error_response(
+            HTTP_CODES["not_started"], "not_started", "the gateway has not started serving yet"
+        )
     reloaded = 0
     try:
         await bridge.ping()

@@ -59,7 +59,7 @@ _BATCH_FIELDS: Final = frozenset(EventBatch.model_fields)
 def producer_token(request: Request) -> str:
     token = request.headers.get("x-producer-token")
     if not token:
-        raise HttpError(422, "missing_producer_token", "the X-Producer-Token header is required")
+        raise HttpError("missing_producer_token", "the X-Producer-Token header is required")
     return token
 
 
@@ -115,7 +115,6 @@ def _idempotency_key(request: Request, in_body: str | None) -> str | None:
     header = request.headers.get("idempotency-key")
     if header is not None and in_body is not None and header != in_body:
         raise HttpError(
-            400,
             "invalid_request",
             "the Idempotency-Key header and the idempotency_key field differ; send one",
         )

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from http import HTTPStatus
 from typing import Any, ClassVar, Final
 
 import orjson
@@ -50,6 +51,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ...settings import Settings
+from ..edge.errors import HTTP_CODES
 
 # Descriptors kept out of the connection cap: listening sockets, logs, scripts, and so on
 # (the Redis pool is added on top).
@@ -79,26 +81,24 @@ def subject_stream_limit(settings: Settings) -> int | None:
     return max(1, int(cap * settings.subject_stream_share))
 
 
-def _refusal(status: bytes, code: str, detail: str) -> bytes:
+def _refusal(code: str, detail: str) -> bytes:
+    status = HTTPStatus(HTTP_CODES[code])
     body = orjson.dumps({"error": code, "detail": detail})
     head = (
-        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-        b"connection: close\r\ncontent-length: %d\r\n\r\n" % (status, len(body))
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n"
+        % (status.value, status.phrase.encode(), len(body))
     )
     return head + body
 
 
 _BUSY_DETAIL: Final = "the gateway is at its connection limit"
-_BUSY: Final = _refusal(b"503 Service Unavailable", "too_many_connections", _BUSY_DETAIL)
+_BUSY: Final = _refusal("too_many_connections", _BUSY_DETAIL)
 _HEAD_TOO_LARGE: Final = _refusal(
-    b"431 Request Header Fields Too Large",
-    "request_head_too_large",
-    "the request line and headers exceed the gateway's limit",
+    "request_head_too_large", "the request line and headers exceed the gateway's limit"
 )
 _TRAILERS_TOO_LARGE: Final = _refusal(
-    b"431 Request Header Fields Too Large",
-    "request_head_too_large",
-    "the request's trailers, with its head, exceed the gateway's limits",
+    "request_head_too_large", "the request's trailers, with its head, exceed the gateway's limits"
 )
 
 
@@ -111,7 +111,8 @@ async def _busy_app(scope: Scope, receive: Receive, send: Send) -> None:
         (b"connection", b"close"),
         (b"content-length", b"%d" % len(body)),
     ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    status = HTTP_CODES["too_many_connections"]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
