@@ -197,6 +197,12 @@ class Settings(BaseSettings):
         "reconnects with its cursor); until then it only falls behind.",
     )
     lease_seconds: Seconds = Field(30.0, description="Default producer lease.")
+    producer_lost_grace_seconds: Seconds = Field(
+        5.0,
+        description="A streamed append whose connection drops (no clean end of body) "
+        "leaves its producer this long to write again (on any gateway) before the run "
+        "ends producer_lost.",
+    )
     max_lease_seconds: Seconds = Field(3_600.0, description="Longest lease a producer may ask.")
     legacy_end_scan_enabled: bool = Field(
         True,

@@ -53,9 +53,29 @@ class StreamBridge(Protocol):
         ...
 
     async def renew_lease(
-        self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
+        self,
+        run_id: str,
+        *,
+        producer_token: str,
+        lease_seconds: float | None = None,
+        stream: str | None = None,
     ) -> LeaseState:
-        """Extend the lease without writing. Raises ProducerFenced, StreamEnded."""
+        """Extend the lease without writing. Raises ProducerFenced, StreamEnded.
+
+        `stream`: the mark of a streamed append renewing as it starts; it becomes the
+        run's current stream, the only one whose drop may `cut_lease`.
+        """
+        ...
+
+    async def cut_lease(
+        self, run_id: str, *, producer_token: str, stream: str, grace: float
+    ) -> float | None:
+        """A streamed append's connection dropped: cut its producer's lease to end
+        `grace` seconds from now (never lengthened), so the liveness path ends the run
+        `producer_lost` then unless the producer writes again (any write renews the whole
+        lease). Only the run's current stream (`renew_lease(stream=...)`) of that token
+        may cut. Returns when the lease now ends (unix seconds), or None when it was not
+        this stream's to cut (another token or stream, or the run ended)."""
         ...
 
     async def publish(

@@ -131,6 +131,7 @@ class _Run:
     numbering: Numbering | None = None  # numbered appends (see gateway.sequence)
     deadline: float = 0.0  # loop time at which the whole run expires
     turn_key: tuple[str, str] | None = None  # (session, idempotency key) it holds
+    stream: str | None = None  # the mark of its current streamed append (cut_lease)
     expiry: asyncio.TimerHandle | None = None
 
 
@@ -234,17 +235,36 @@ class MemoryStreamBridge:
             raise TurnExists(holder)
 
     async def renew_lease(
-        self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
+        self,
+        run_id: str,
+        *,
+        producer_token: str,
+        lease_seconds: float | None = None,
+        stream: str | None = None,
     ) -> LeaseState:
         self._check_open()
         run = self._owned(run_id, producer_token)
         if lease_seconds is not None:
             run.lease_seconds = self._lease(lease_seconds)
+        if stream:
+            run.stream = stream
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
         self._touch(run, self._settings.stream_ttl_seconds)
         return LeaseState(run.lease_expires_at, run.cancel_requested)
+
+    async def cut_lease(
+        self, run_id: str, *, producer_token: str, stream: str, grace: float
+    ) -> float | None:
+        self._check_open()
+        run = self._runs.get(check_run_id(run_id))
+        if run is None or run.token != producer_token or run.stream != stream:
+            return None
+        if run.status != "running":
+            return None
+        run.lease_expires_at = min(run.lease_expires_at, self._clock() + grace)
+        return run.lease_expires_at
 
     async def publish(
         self, run_id: str, event: str, data: Any, *, producer_token: str

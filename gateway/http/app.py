@@ -62,7 +62,7 @@ from .routes import (
 )
 from .serve.connections import subject_stream_limit
 from .state import GatewayState
-from .streaming.liveness import monitor
+from .streaming.liveness import monitor, open_drop_watch
 from .streaming.subscriptions import SubscriptionRegistry
 
 
@@ -125,6 +125,10 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
             if bridge is None:
                 state.bridge_ = await stack.enter_async_context(open_bridge(settings))
                 state.sessions_ = session_store_for(state.bridge_, settings)
+            # dropped streamed appends, checked after the grace (closed before the bridge)
+            state.drops = await stack.enter_async_context(
+                open_drop_watch(state.bridge, settings.producer_lost_grace_seconds, state.metrics)
+            )
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(
@@ -150,6 +154,7 @@ def create_app(settings: Settings, bridge: StreamBridge | None = None) -> Starle
                         tg.cancel_scope.cancel()
             finally:
                 state.started = False
+                state.drops = None
                 if bridge is None:
                     state.bridge_ = state.sessions_ = None
                 lifecycle("shutdown", "gateway stopped")

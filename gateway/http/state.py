@@ -12,6 +12,7 @@ from ..sessions.base import SessionStore
 from ..settings import Settings
 from .edge.auth import Authenticator
 from .metrics import Metrics
+from .streaming.liveness import DropWatch
 from .streaming.subscriptions import SubscriptionRegistry
 
 
@@ -24,6 +25,8 @@ class GatewayState:
     bridge_: StreamBridge | None = None
     sessions_: SessionStore | None = None
     started: bool = field(default=False)
+    # streamed appends whose connection dropped (producer_lost after the grace)
+    drops: DropWatch | None = None
     # open streamed appends per API key (a digest of it), http/routes/append_stream.py
     append_streams: dict[str, int] = field(default_factory=dict)  # by API key (share_key)
 

@@ -263,6 +263,7 @@ class RedisStreamBridge:
             for name in (
                 "claim",
                 "claim_key",
+                "lease_cut",
                 "publish",
                 "publish_end",
                 "renew_lease",
@@ -589,13 +590,31 @@ class RedisStreamBridge:
             raise StreamEnded(f"run {run_id} has ended")
 
     async def renew_lease(
-        self, run_id: str, *, producer_token: str, lease_seconds: float | None = None
+        self,
+        run_id: str,
+        *,
+        producer_token: str,
+        lease_seconds: float | None = None,
+        stream: str | None = None,
     ) -> LeaseState:
         keys = self._keys(run_id)
         lease_ms = "" if lease_seconds is None else self._lease_ms(lease_seconds)
-        reply = await self._script("renew_lease", keys.both, producer_token, lease_ms, self._ttl_ms)
+        reply = await self._script(
+            "renew_lease", keys.both, producer_token, lease_ms, self._ttl_ms, stream or ""
+        )
         self._raise_refusal(run_id, reply)
         return LeaseState(lease_expires_at=int(reply[1]) / 1000, cancel_requested=reply[2] == 1)
+
+    async def cut_lease(
+        self, run_id: str, *, producer_token: str, stream: str, grace: float
+    ) -> float | None:
+        keys = self._keys(run_id)
+        # Never shorter than a millisecond: 0 is the script's "not yours".
+        reply = await self._script(
+            "lease_cut", [keys.meta], producer_token, stream, max(1, ceil_ms(grace))
+        )
+        ends_ms = int(reply)
+        return ends_ms / 1000 if ends_ms > 0 else None
 
     async def publish(
         self, run_id: str, event: str, data: Any, *, producer_token: str

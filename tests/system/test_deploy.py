@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import secrets
 import shlex
 import statistics
@@ -45,7 +46,7 @@ from tests.support.proxies import (
     Proxy,
     wait_until,
 )
-from tests.support.redis_servers import free_port
+from tests.support.redis_servers import RedisServer, free_port
 from tests.support.sse_client import Frame, iter_frames
 
 pytestmark = pytest.mark.timeout(60)
@@ -465,13 +466,43 @@ def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
     users = [args for word, args in instructions if word == "USER"]
     assert users, "no USER instruction"
     assert users[-1].split(":")[0] not in ("root", "0")
-    runs = " ".join(args for word, args in instructions if word == "RUN")
-    assert "pip install" in runs and " ." in runs
+    runs = [args for word, args in instructions if word == "RUN"]
+    assert any(" ." in run.split("&&")[0] for run in runs if "pip install" in run)
     healthchecks = [args for word, args in instructions if word == "HEALTHCHECK"]
     assert len(healthchecks) == 1 and "/healthz" in healthchecks[0]
     assert "urllib" in healthchecks[0]
     cmds = [args for word, args in instructions if word == "CMD"]
     assert json.loads(cmds[-1]) == ["gateway", "serve", "--host", "0.0.0.0"]
+
+
+def test_dockerfile_installs_from_the_hash_checked_lock() -> None:
+    """Dependencies only from requirements/serve.txt, every file hash-checked and no
+    resolver; then the project alone, built with the lock's hatchling (no build
+    isolation, which would fetch an unpinned one)."""
+    instructions = dockerfile_instructions()
+    pips = [
+        " ".join(command.split())
+        for word, args in instructions
+        if word == "RUN"
+        for command in args.split("&&")
+        if "pip install" in command
+    ]
+    assert pips == [
+        "pip install --require-hashes --no-deps -r requirements/serve.txt",
+        "pip install --no-deps --no-build-isolation .",
+    ]
+    copies = [args for word, args in instructions if word == "COPY"]
+    assert "requirements/serve.txt ./requirements/serve.txt" in copies
+    # the lock is copied before the sources: a code change keeps the dependency layer
+    assert copies.index("requirements/serve.txt ./requirements/serve.txt") == 0
+    lock = (DEPLOY.parent / "requirements" / "serve.txt").read_text()
+    assert "hatchling==" in lock and "--hash=sha256:" in lock
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "*" in ignore and "!requirements/serve.txt" in ignore
+    # A base image is a tag or a tag pinned by its digest, never a made-up form.
+    for word, args in instructions:
+        if word == "FROM":
+            assert re.fullmatch(r"python:3\.11-slim(@sha256:[0-9a-f]{64})?", args.split()[0])
 
 
 def healthcheck_argv() -> list[str]:
@@ -513,7 +544,7 @@ def test_compose_has_redis_with_aof_two_gateways_and_a_balancer() -> None:
     assert len(gateways) >= 2, services.keys()
     for svc in gateways.values():
         env = svc["environment"]
-        assert env["GATEWAY_REDIS_URL"].startswith("redis://redis:")
+        assert env["GATEWAY_REDIS_URL"].startswith("redis://:${REDIS_PASSWORD")
         assert "GATEWAY_API_KEYS" in env
     volumes = " ".join(str(v) for svc in services.values() for v in (svc.get("volumes") or []))
     assert "haproxy.cfg" in volumes or "nginx.conf.template" in volumes
@@ -523,6 +554,51 @@ def test_compose_has_redis_with_aof_two_gateways_and_a_balancer() -> None:
         if str(svc.get("image", "")).startswith(("haproxy", "nginx"))
     ]
     assert balancers and all(svc.get("ports") for svc in balancers)
+
+
+def compose_value(value: str, env: dict[str, str]) -> str:
+    """`value` as compose interpolates it: ${NAME}, ${NAME:?message}, ${NAME:-default}."""
+
+    def one(match: re.Match[str]) -> str:
+        name, how, arg = match.group(1), match.group(2), match.group(3)
+        if env.get(name):
+            return env[name]
+        if how == ":?":
+            raise KeyError(f"compose refuses to start: {arg}")
+        return arg if how == ":-" else ""
+
+    return re.sub(r"\$\{(\w+)(?:(:\?|:-)([^}]*))?\}", one, value)
+
+
+def test_compose_redis_requires_the_password_the_gateways_use(tmp_path: Path) -> None:
+    """Redis has AUTH on with REDIS_PASSWORD from the environment (no literal in the
+    file, no published port; compose refuses to start without it), and the gateways'
+    URL carries the same: their command and URL, run here, serve; without the
+    password the gateway is not ready."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    redis = compose["services"]["redis"]
+    gateway_env: dict[str, str] = compose["x-gateway"]["environment"]
+    assert "ports" not in redis
+    command: list[str] = redis["command"]
+    raw = command[command.index("--requirepass") + 1]
+    assert raw == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+    with pytest.raises(KeyError, match="set REDIS_PASSWORD"):
+        compose_value(raw, {})
+    assert redis["environment"]["REDISCLI_AUTH"] == raw  # the healthcheck authenticates
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+
+    password = secrets.token_hex(16)
+    env = {"REDIS_PASSWORD": password, "GATEWAY_API_KEYS": API_KEY}
+    args = [compose_value(word, env) for word in command[1:]]
+    assert password in args
+    with RedisServer(*args) as server:
+        url = compose_value(gateway_env["GATEWAY_REDIS_URL"], env)
+        assert url == f"redis://:{password}@redis:6379/0"
+        url = url.replace("@redis:6379", f"@{server.host}:{server.port}")
+        without = url.replace(f":{password}@", "")
+        for redis_url, status in ((url, 200), (without, 503)):
+            with GatewayProcess(redis_url=redis_url, directory=tmp_path / str(status)) as gw:
+                assert httpx.get(gw.url + "/readyz", timeout=5).status_code == status
 
 
 # -- static: Kubernetes --------------------------------------------------------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -147,13 +148,18 @@ class AppendStreamResponse(Response):
         self._idle_fired = False
         self._draining = False
         self._watch = SendWatch.of(self._loop)
+        self._mark = secrets.token_hex(8)  # this stream, to the backend (`cut_lease`)
+        self._body_broke = False  # the connection broke before the body's end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
         try:
             with stream_slot(state, self._holder):
                 try:
-                    lease = await state.bridge.renew_lease(self._run_id, producer_token=self._token)
+                    # the run's current stream: only its drop may cut the lease (`_dropped`)
+                    lease = await state.bridge.renew_lease(
+                        self._run_id, producer_token=self._token, stream=self._mark
+                    )
                 except GatewayError as exc:  # fenced, ended: a plain 409, nothing streamed
                     await gateway_error_response(exc)(scope, receive, send)
                     return
@@ -175,7 +181,12 @@ class AppendStreamResponse(Response):
                 with self._read_scope:
                     ended = await self._take_body(receive, send)
                 if ended is _DISCONNECTED:
-                    return  # the client left: nothing more can be acknowledged
+                    # the client left: nothing more can be acknowledged. If its connection
+                    # broke mid-body, its producer may be gone: `producer_lost` follows
+                    # unless it writes again within the grace (liveness.DropWatch).
+                    if self._body_broke and self._state.drops is not None:
+                        self._state.drops.dropped(self._run_id, self._token, self._mark)
+                    return
                 if self._idle_fired:
                     ended = _Failed(
                         BodyIdle(
@@ -238,6 +249,7 @@ class AppendStreamResponse(Response):
             message = await receive()
             self._receiving_since = None
             if message["type"] == "http.disconnect":
+                self._body_broke = True  # (a disconnect after the whole body is never read)
                 return _DISCONNECTED
             chunk: bytes = message.get("body", b"")
             more = bool(message.get("more_body", False))

@@ -1,0 +1,27 @@
+-- lease_cut.lua: a streamed append's connection dropped without ending its body: its
+-- producer's lease is cut to end `grace` from now (never lengthened), so the liveness
+-- path ends the run producer_lost then unless the producer writes again first (any
+-- append or lease renewal, on any gateway, renews the whole lease). Only the stream
+-- that dropped may cut: a reconnect of the same producer that already renewed under a
+-- new stream mark (renew_lease.lua ARGV[4]) is left alone.
+--
+-- KEYS[1]  run meta hash
+-- ARGV[1]  producer token
+-- ARGV[2]  the dropped stream's mark
+-- ARGV[3]  grace, ms
+--
+-- Returns the lease's end (ms, as a string) when this stream's lease is now cut (or was
+-- already shorter), 0 when it is not this stream's to cut (another token or stream,
+-- or the run has ended).
+local meta = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'stream')
+if not meta[1] or meta[1] ~= ARGV[1] or meta[4] ~= ARGV[2] then
+  return 0
+end
+if meta[2] and meta[2] ~= 'running' then
+  return 0
+end
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local lease_until = math.min(tonumber(meta[3] or '0'), now + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', lease_until))
+return string.format('%d', lease_until)

@@ -1,0 +1,51 @@
+"""`cut_lease`: a dropped streamed append cuts its producer's lease (both backends)."""
+
+from __future__ import annotations
+
+import time
+from uuid import uuid4
+
+import anyio
+import pytest
+
+from tests.conftest import BridgeFactory
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+async def test_only_the_current_stream_cuts_and_any_write_renews(
+    make_bridge: BridgeFactory,
+) -> None:
+    async with make_bridge(lease_seconds=30) as bridge:
+        with anyio.fail_after(10):
+            run_id = f"run-{uuid4().hex[:10]}"
+            claim = await bridge.claim(run_id)
+            token = claim.token
+            await bridge.renew_lease(run_id, producer_token=token, stream="s1")
+            # not this stream's, not this token's: nothing is cut
+            assert (
+                await bridge.cut_lease(run_id, producer_token=token, stream="s0", grace=1) is None
+            )
+            assert await bridge.cut_lease(run_id, producer_token="x", stream="s1", grace=1) is None
+            info = await bridge.get_run(run_id)
+            assert info is not None and info.lease_expires_at > time.time() + 20
+            # a reconnect renewed under a new mark: the old stream's late cut is ignored
+            await bridge.renew_lease(run_id, producer_token=token, stream="s2")
+            assert (
+                await bridge.cut_lease(run_id, producer_token=token, stream="s1", grace=1) is None
+            )
+            ends = await bridge.cut_lease(run_id, producer_token=token, stream="s2", grace=2)
+            assert ends is not None and abs(ends - (time.time() + 2)) < 0.5
+            # never lengthened
+            again = await bridge.cut_lease(run_id, producer_token=token, stream="s2", grace=9)
+            assert again == ends
+            info = await bridge.get_run(run_id)
+            assert info is not None and info.lease_expires_at == ends
+            # any write renews the whole lease
+            await bridge.publish(run_id, "token", {"n": 1}, producer_token=token)
+            info = await bridge.get_run(run_id)
+            assert info is not None and info.lease_expires_at > time.time() + 20
+            await bridge.publish_end(run_id, "success", producer_token=token)
+            assert (
+                await bridge.cut_lease(run_id, producer_token=token, stream="s2", grace=1) is None
+            )
