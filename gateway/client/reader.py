@@ -19,8 +19,13 @@ tell a finished stream from a broken one by catching exceptions. Wrap it in
 Whatever breaks the connection (a network drop, a gateway that restarts or drains on
 SIGTERM, a 502/503/504 or 429 from it or a proxy, a token that expired while streaming)
 is resumed from the last event it yielded, with `Last-Event-ID`, so the events it yields
-are exactly the log's, each once, in order. A drop costs nothing but a reconnect; after
-`retry_timeout` seconds without a single new frame it raises `BackendUnavailable`.
+are exactly the log's, each once, in order. So is the gateway's `unavailable` frame (its
+own backend failed): it is never handed to the app. A drop costs nothing but a
+reconnect; it raises `BackendUnavailable` only after `retry_timeout` seconds of failing
+to get the stream going again. That outage clock starts when a stream breaks, not at the
+last event: a run may be quiet for as long as it likes before a gateway restarts. A
+stream that is open for at least `HEALTHY_SECONDS` counts as going again; one that a
+gateway opens and ends at once (its backend down) does not, so the clock keeps running.
 
 `token` is a subscriber token or an API key (sent as `Authorization: Bearer`), or a
 callable returning one, which is called again when the gateway answers `token_expired`
@@ -51,6 +56,12 @@ __all__ = ["Ended", "Event", "Gap", "follow"]
 # backoff between reconnects: from FIRST_BACKOFF doubling to MAX_BACKOFF, jittered
 FIRST_BACKOFF: Final = 0.1
 MAX_BACKOFF: Final = 5.0
+# A stream open this long was going again: an outage that follows it is a new one.
+HEALTHY_SECONDS: Final = MAX_BACKOFF
+# Frames the gateway sends about the stream itself, never events of the log. (httpx-sse
+# keeps the last `id:` for a frame without one, as the SSE standard says: such a frame
+# must not be taken for an event by its id.)
+RECONNECT_FRAMES: Final = frozenset({"unavailable"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +111,12 @@ async def _credential(token: Credential) -> str | None:
     return await value if inspect.isawaitable(value) else value
 
 
-def _item(name: str, data: str, event_id: str) -> Item | None:
-    """The value a frame stands for (None for one that carries nothing for the app)."""
+def _item(name: str, data: str, event_id: str, cursor: str | None) -> Item | None:
+    """The value a frame stands for (None for one that carries nothing for the app).
+    `cursor`: the last event's id; a frame that repeats it is not a new event (ids are
+    never reused), whatever its name."""
+    if name in RECONNECT_FRAMES:
+        raise _Reconnect()
     payload = orjson.loads(data) if data else None
     if name == "end":
         body = payload if isinstance(payload, dict) else {}
@@ -114,7 +129,7 @@ def _item(name: str, data: str, event_id: str) -> Item | None:
             body.get("latest_available_event_id"),
             str(body.get("reason", "")),
         )
-    if not event_id:
+    if not event_id or event_id == cursor:
         return None
     return Event(event_id, name, payload)
 
@@ -134,7 +149,7 @@ async def follow(
     http = client or httpx.AsyncClient(timeout=httpx.Timeout(connect_timeout, read=None))
     url = f"{base_url.rstrip('/')}/v1/runs/{run_id}/stream"
     backoff = FIRST_BACKOFF
-    deadline = anyio.current_time() + retry_timeout
+    outage: float | None = None  # when the current outage began (None: none is going on)
     refreshed = False  # a fresh token was fetched for the current attempt
     try:
         while True:
@@ -160,17 +175,21 @@ async def follow(
                             continue
                         raise error
                     refreshed = False
-                    async for frame in source.aiter_sse():
-                        item = _item(frame.event, frame.data, frame.id)
-                        if item is None:
-                            continue
-                        backoff = FIRST_BACKOFF  # progress: the budget starts again
-                        deadline = anyio.current_time() + retry_timeout
-                        yield item
-                        if isinstance(item, Event):
-                            cursor = item.id
-                        else:
-                            return
+                    opened = anyio.current_time()
+                    try:
+                        async for frame in source.aiter_sse():
+                            item = _item(frame.event, frame.data, frame.id, cursor)
+                            if item is None:
+                                continue
+                            backoff, outage = FIRST_BACKOFF, None  # progress
+                            yield item
+                            if isinstance(item, Event):
+                                cursor = item.id
+                            else:
+                                return
+                    finally:
+                        if anyio.current_time() - opened >= HEALTHY_SECONDS:
+                            backoff, outage = FIRST_BACKOFF, None  # it was going again
                     raise _Reconnect()  # closed without END or gap: drain, token expiry
             except _Reconnect as again:
                 wait = again.wait
@@ -179,9 +198,12 @@ async def follow(
             except orjson.JSONDecodeError as exc:
                 raise InvalidInput(f"the gateway sent a frame that is not JSON: {exc}") from exc
             now = anyio.current_time()
+            if outage is None:
+                outage = now
+            deadline = outage + retry_timeout
             if now >= deadline:
                 raise BackendUnavailable(
-                    f"no frame from the gateway for {retry_timeout:g} s of reconnecting"
+                    f"the stream did not get going again in {retry_timeout:g} s of reconnecting"
                 )
             delay = max(wait, backoff * (0.5 + random.random() / 2))
             backoff = min(backoff * 2, MAX_BACKOFF)

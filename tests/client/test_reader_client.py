@@ -7,6 +7,7 @@ middle change nothing the app sees.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import aclosing
 
 import anyio
@@ -18,7 +19,8 @@ from gateway.errors import RunNotFound, TokenExpired
 from gateway.http.edge.auth import mint_subscriber_token
 from tests.http_app.test_http_langgraph import CuttableProxy, proxy
 from tests.support import http_server
-from tests.support.http_server import ProducerClient, RunningServer
+from tests.support.http_server import ProducerClient, RunningServer, make_settings, serve
+from tests.support.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
 gateway_server = http_server.gateway_server
@@ -131,3 +133,51 @@ async def test_an_expiring_token_is_refreshed_and_the_stream_resumed(
     assert len(issued) >= 2
     assert [type(i) for i in seen] == [Event, Event, Ended]
     assert [i.data for i in seen if isinstance(i, Event)] == ["a", "b"]
+
+
+async def test_a_run_quiet_longer_than_retry_timeout_is_resumed_after_a_cut(
+    client: httpx.AsyncClient, proxy: CuttableProxy
+) -> None:
+    """The outage clock starts when the stream breaks: a run that said nothing for longer
+    than `retry_timeout` before its gateway connection dropped is still resumed."""
+    producer = await ProducerClient.claim(client)
+    first = await producer.publish(("token", 0))
+    seen: list[object] = []
+    base = f"http://127.0.0.1:{proxy.port}"
+    with anyio.fail_after(20):
+        async with aclosing(follow(base, producer.run_id, retry_timeout=0.5)) as items:
+            async for item in items:
+                seen.append(item)
+                if len(seen) == 1:
+                    await anyio.sleep(1.0)  # the scenario itself: a run quiet for 2 x 0.5 s
+                    proxy.cut()
+                    later = await producer.publish(("token", 1))
+                    await producer.end()
+    assert proxy.connections >= 2
+    assert seen == [Event(first[0], "token", 0), Event(later[0], "token", 1), Ended("success")]
+
+
+async def test_the_unavailable_frame_is_a_reconnect_never_an_event(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """The gateway's `unavailable` frame (its Redis went away) carries no id; httpx-sse
+    gives it the previous event's. The reader reconnects instead of handing it to the app
+    as that event again, and resumes exactly once Redis is back."""
+    redis = redis_server_factory("--appendonly", "yes", "--appendfsync", "always")
+    settings = make_settings("redis", redis.url, key_prefix)
+    with serve(settings, "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as http:
+            producer = await ProducerClient.claim(http, lease_seconds=120)
+            first = await producer.publish(("token", 0))
+            seen: list[object] = []
+            with anyio.fail_after(30):
+                async with aclosing(follow(srv.base_url, producer.run_id)) as items:
+                    async for item in items:
+                        seen.append(item)
+                        if len(seen) == 1:
+                            redis.kill()
+                            srv.wait_open_sse(0)  # the gateway ended the stream (unavailable)
+                            redis.restart()
+                            later = await producer.publish(("token", 1))
+                            await producer.end()
+    assert seen == [Event(first[0], "token", 0), Event(later[0], "token", 1), Ended("success")]
