@@ -3,18 +3,24 @@
 -- path ends the run producer_lost then unless the producer writes again first (any
 -- append or lease renewal, on any gateway, renews the whole lease). Only the stream
 -- that dropped may cut: a reconnect of the same producer that already renewed under a
--- new stream mark (renew_lease.lua ARGV[4]) is left alone.
+-- new stream mark (renew_lease.lua ARGV[4]), renewed its lease by `POST …/lease` (which
+-- clears the mark) or appended since (`last` moved) is left alone.
 --
 -- KEYS[1]  run meta hash
 -- ARGV[1]  producer token
 -- ARGV[2]  the dropped stream's mark
 -- ARGV[3]  grace, ms
+-- ARGV[4]  the id of the last event that stream appended ("" for none): an append since
+--          (a batch of the same producer, or another stream) keeps the lease
 --
 -- Returns the lease's end (ms, as a string) when this stream's lease is now cut (or was
--- already shorter), 0 when it is not this stream's to cut (another token or stream,
--- or the run has ended).
-local meta = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'stream')
+-- already shorter), 0 when it is not this stream's to cut (another token or stream, a
+-- write since, or the run has ended).
+local meta = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'stream', 'last')
 if not meta[1] or meta[1] ~= ARGV[1] or meta[4] ~= ARGV[2] then
+  return 0
+end
+if ARGV[4] ~= '' and meta[5] ~= ARGV[4] then
   return 0
 end
 if meta[2] and meta[2] ~= 'running' then

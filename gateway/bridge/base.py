@@ -62,20 +62,29 @@ class StreamBridge(Protocol):
     ) -> LeaseState:
         """Extend the lease without writing. Raises ProducerFenced, StreamEnded.
 
-        `stream`: the mark of a streamed append renewing as it starts; it becomes the
-        run's current stream, the only one whose drop may `cut_lease`.
+        `stream`: the mark of a streamed append renewing; it becomes the run's current
+        stream, the only one whose drop may `cut_lease` (a renewal without one clears it).
         """
         ...
 
     async def cut_lease(
-        self, run_id: str, *, producer_token: str, stream: str, grace: float
+        self,
+        run_id: str,
+        *,
+        producer_token: str,
+        stream: str,
+        grace: float,
+        last_id: str | None = None,
     ) -> float | None:
         """A streamed append's connection dropped: cut its producer's lease to end
         `grace` seconds from now (never lengthened), so the liveness path ends the run
         `producer_lost` then unless the producer writes again (any write renews the whole
         lease). Only the run's current stream (`renew_lease(stream=...)`) of that token
-        may cut. Returns when the lease now ends (unix seconds), or None when it was not
-        this stream's to cut (another token or stream, or the run ended)."""
+        may cut, and only if nothing was appended after `last_id` (the last event that
+        stream appended; None: not checked) and no renewal came from elsewhere meanwhile
+        (`renew_lease` without `stream` clears the mark): a producer already back keeps
+        its lease however quickly it came back. Returns when the lease now ends (unix
+        seconds), or None when it was not this stream's to cut."""
         ...
 
     async def publish(

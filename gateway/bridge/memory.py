@@ -246,8 +246,7 @@ class MemoryStreamBridge:
         run = self._owned(run_id, producer_token)
         if lease_seconds is not None:
             run.lease_seconds = self._lease(lease_seconds)
-        if stream:
-            run.stream = stream
+        run.stream = stream  # a renewal from elsewhere (`POST …/lease`) clears it
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
@@ -255,7 +254,13 @@ class MemoryStreamBridge:
         return LeaseState(run.lease_expires_at, run.cancel_requested)
 
     async def cut_lease(
-        self, run_id: str, *, producer_token: str, stream: str, grace: float
+        self,
+        run_id: str,
+        *,
+        producer_token: str,
+        stream: str,
+        grace: float,
+        last_id: str | None = None,
     ) -> float | None:
         self._check_open()
         run = self._runs.get(check_run_id(run_id))
@@ -263,6 +268,10 @@ class MemoryStreamBridge:
             return None
         if run.status != "running":
             return None
+        if last_id is not None and (
+            run.last_event is None or format_key(run.last_event) != last_id
+        ):
+            return None  # appended since: the producer is back
         run.lease_expires_at = min(run.lease_expires_at, self._clock() + grace)
         return run.lease_expires_at
 

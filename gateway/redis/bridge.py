@@ -606,12 +606,23 @@ class RedisStreamBridge:
         return LeaseState(lease_expires_at=int(reply[1]) / 1000, cancel_requested=reply[2] == 1)
 
     async def cut_lease(
-        self, run_id: str, *, producer_token: str, stream: str, grace: float
+        self,
+        run_id: str,
+        *,
+        producer_token: str,
+        stream: str,
+        grace: float,
+        last_id: str | None = None,
     ) -> float | None:
         keys = self._keys(run_id)
         # Never shorter than a millisecond: 0 is the script's "not yours".
         reply = await self._script(
-            "lease_cut", [keys.meta], producer_token, stream, max(1, ceil_ms(grace))
+            "lease_cut",
+            [keys.meta],
+            producer_token,
+            stream,
+            max(1, ceil_ms(grace)),
+            last_id or "",
         )
         ends_ms = int(reply)
         return ends_ms / 1000 if ends_ms > 0 else None

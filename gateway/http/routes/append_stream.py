@@ -185,7 +185,9 @@ class AppendStreamResponse(Response):
                     # broke mid-body, its producer may be gone: `producer_lost` follows
                     # unless it writes again within the grace (liveness.DropWatch).
                     if self._body_broke and self._state.drops is not None:
-                        self._state.drops.dropped(self._run_id, self._token, self._mark)
+                        self._state.drops.dropped(
+                            self._run_id, self._token, self._mark, self._tally.last_id
+                        )
                     return
                 if self._idle_fired:
                     ended = _Failed(
@@ -303,7 +305,9 @@ class AppendStreamResponse(Response):
             return None
         try:
             with anyio.CancelScope(shield=True):
-                await self._state.bridge.renew_lease(self._run_id, producer_token=self._token)
+                await self._state.bridge.renew_lease(
+                    self._run_id, producer_token=self._token, stream=self._mark
+                )
         except GatewayError as exc:
             return _Failed(exc)
         self._last_write = time.monotonic()

@@ -109,14 +109,15 @@ class DropWatch:
         self._tg = tg
         self._metrics = metrics
 
-    def dropped(self, run_id: str, token: str, stream: str) -> None:
-        """The connection of streamed append `stream` (of `token`) broke mid-body."""
-        self._tg.start_soon(self._follow, run_id, token, stream)
+    def dropped(self, run_id: str, token: str, stream: str, last_id: str | None) -> None:
+        """The connection of streamed append `stream` (of `token`) broke mid-body;
+        `last_id`: the last event it appended (a write since keeps the lease)."""
+        self._tg.start_soon(self._follow, run_id, token, stream, last_id)
 
-    async def _follow(self, run_id: str, token: str, stream: str) -> None:
+    async def _follow(self, run_id: str, token: str, stream: str, last_id: str | None) -> None:
         try:
             ends = await self._bridge.cut_lease(
-                run_id, producer_token=token, stream=stream, grace=self._grace
+                run_id, producer_token=token, stream=stream, grace=self._grace, last_id=last_id
             )
             if ends is None:  # already ended, or the producer is back with a new stream
                 return
