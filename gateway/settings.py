@@ -32,8 +32,10 @@ lower-cased, a default port dropped).
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import warnings
+from pathlib import Path
 from typing import Annotated, Final, Literal, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -59,6 +61,8 @@ _REDIS_URL_OWNED: Final = {
     "socket_timeout": "redis_command_timeout_seconds",
     "socket_connect_timeout": "redis_connect_timeout_seconds",
 }
+_REDIS_SCHEMES: Final = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+_REDIS_URL_FILES: Final = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})
 # Redis URL query options the bridge cannot work with: it reads and writes Redis data as
 # bytes itself (payloads kept exactly, notifications parsed as bytes).
 _REDIS_URL_REFUSED: Final = {
@@ -225,6 +229,13 @@ class Settings(BaseSettings):
         description="Older subscriber-token secrets, newest first, still accepted while the "
         "tokens signed with them expire (rotation; needs jwt_secret).",
     )
+    jwt_app_keys: CommaList = Field(
+        (),
+        repr=False,
+        description="Apps' own subscriber-token keys, `kid:secret` pairs (secret at least "
+        f"{MIN_JWT_SECRET_BYTES} bytes): a token whose header names a `kid` verifies only "
+        "with that key, and must name its `sessions` and expire within an hour.",
+    )
     allow_open_nonloopback: bool = Field(
         False,
         description="Serve without authentication on a non-loopback address (unsafe).",
@@ -298,6 +309,7 @@ class Settings(BaseSettings):
     def _one_place_per_option(cls, url: str | None) -> str | None:
         if url is None:
             return None
+        _check_redis_url_form(url)
         for option in parse_qs(urlsplit(url).query):
             if option in _REDIS_URL_OWNED:
                 raise ValueError(
@@ -336,6 +348,17 @@ class Settings(BaseSettings):
             _check_jwt_secret(secret)
         return secrets
 
+    @field_validator("jwt_app_keys")
+    @classmethod
+    def _app_keys(cls, pairs: tuple[str, ...]) -> tuple[str, ...]:
+        app_key_pairs(pairs)  # refuses a malformed, weak or repeated one
+        return pairs
+
+    @property
+    def authenticated(self) -> bool:
+        """Some credential is configured (else the gateway runs open)."""
+        return bool(self.api_keys or self.jwt_secret or self.jwt_app_keys)
+
     @model_validator(mode="after")
     def _previous_secrets_need_a_current_one(self) -> Self:
         if self.jwt_previous_secrets and not self.jwt_secret:
@@ -347,7 +370,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_open_cors_for_any_origin(self) -> Self:
-        open_mode = not self.api_keys and not self.jwt_secret
+        open_mode = not self.authenticated
         if open_mode and "*" in self.cors_origins and not self.allow_open_any_origin:
             raise ValueError(
                 "refusing cors_origins '*' without authentication: any web page could list "
@@ -358,7 +381,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_open_public_bind(self) -> Self:
-        open_mode = not self.api_keys and not self.jwt_secret
+        open_mode = not self.authenticated
         if open_mode and not is_loopback(self.host) and not self.allow_open_nonloopback:
             raise ValueError(
                 f"refusing to serve without authentication on non-loopback host "
@@ -380,10 +403,57 @@ class Settings(BaseSettings):
         return self
 
 
+def _check_redis_url_form(url: str) -> None:
+    """A Redis URL the client can use, checked before anything connects; each message
+    names the part at fault, never the URL (it may hold a password)."""
+    parts = urlsplit(url)
+    if parts.scheme not in _REDIS_SCHEMES:
+        raise ValueError(
+            "the URL's scheme must be one of " + ", ".join(f"{s}://" for s in _REDIS_SCHEMES)
+        )
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise ValueError("the URL's port is not a number from 0 to 65535") from None
+    # Files the TLS handshake reads: a missing one would otherwise surface at every
+    # connection attempt as "No such file or directory", naming no file.
+    for option, values in parse_qs(parts.query).items():
+        want_dir = option == "ssl_ca_path"
+        if option in _REDIS_URL_FILES or want_dir:
+            for value in values:
+                path = Path(value)
+                found = path.is_dir() if want_dir else path.is_file()
+                if not found or not os.access(path, os.R_OK):
+                    kind = "directory" if want_dir else "file"
+                    raise ValueError(f"the URL's {option} {kind} {value} is missing or unreadable")
+
+
 _EXAMPLE_REFUSED: Final = (
     "is an example value shipped in the repository (anyone can read it): generate a "
     "secret, e.g. `openssl rand -hex 32`"
 )
+
+
+_KID: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def app_key_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`jwt_app_keys` as {kid: secret}; ValueError for a malformed, weak or repeated one."""
+    keys: dict[str, str] = {}
+    for pair in pairs:
+        kid, sep, secret = pair.partition(":")
+        if not sep or _KID.fullmatch(kid) is None:
+            raise ValueError(
+                "each app key is `kid:secret`, the kid 1-64 characters of [A-Za-z0-9._-]"
+            )
+        if kid in keys:
+            raise ValueError(f"app key id {kid!r} is listed twice")
+        try:
+            _check_jwt_secret(secret)
+        except ValueError as exc:
+            raise ValueError(f"app key {kid!r}: the secret {exc}") from None
+        keys[kid] = secret
+    return keys
 
 
 def _check_jwt_secret(secret: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import typing
+from pathlib import Path
 from typing import Any
 
 import click
@@ -44,6 +45,8 @@ def sample(name: str, field: FieldInfo) -> tuple[list[str], Any]:
         return ["0.5"], 0.5
     if name == "jwt_previous_secrets":
         return ["p" * 40, "q" * 40], ("p" * 40, "q" * 40)
+    if name == "redis_url":  # a URL the settings accept (nothing connects here)
+        return ["redis://127.0.0.1:6399/0"], "redis://127.0.0.1:6399/0"
     if name == "cors_origins":
         return ["http://a.example", "https://b.example"], ("http://a.example", "https://b.example")
     if annotation is bool:
@@ -287,6 +290,35 @@ def test_redis_url_options_that_decode_replies_are_refused(option: str) -> None:
     assert "hunter2secret" not in message
     other = Settings(redis_url="redis://:hunter2secret@127.0.0.1:6379/0?health_check_interval=5")
     assert "hunter2secret" not in repr(other)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis://:hunter2secret@127.0.0.1:port/0", "port is not a number"),
+        ("redis://:hunter2secret@127.0.0.1:70000/0", "port is not a number"),
+        ("https://:hunter2secret@127.0.0.1:6379/0", "scheme must be one of"),
+        ("rediss://:hunter2secret@h:6380/0?ssl_ca_certs=/nonexistent/ca.crt", "ssl_ca_certs file"),
+        ("rediss://:hunter2secret@h:6380/0?ssl_certfile=/nonexistent/c.crt", "ssl_certfile file"),
+        ("rediss+cluster://:hunter2secret@h:6380/0?ssl_keyfile=/", "ssl_keyfile file"),
+        ("rediss://:hunter2secret@h:6380/0?ssl_ca_path=/nonexistent", "ssl_ca_path directory"),
+    ],
+)
+def test_a_redis_url_the_client_cannot_use_is_refused_without_echoing_it(
+    url: str, reason: str
+) -> None:
+    # Otherwise: a traceback at startup, or (a TLS file not mounted) "No such file or
+    # directory" at every connection attempt, naming no file.
+    with pytest.raises(ConfigError) as caught:
+        build_settings({"redis_url": url})
+    assert reason in str(caught.value) and "hunter2secret" not in str(caught.value)
+
+
+def test_a_redis_url_with_tls_files_that_exist_is_accepted(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("(a PEM file)")
+    url = f"rediss+cluster://:pw@h:6380/0?ssl_ca_certs={ca}&ssl_ca_path={tmp_path}"
+    assert Settings(redis_url=url).redis_url == url
 
 
 def test_several_workers_need_the_redis_bridge() -> None:
