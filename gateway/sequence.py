@@ -11,23 +11,27 @@ each event only once:
   appended (nothing, when the whole batch was applied);
 - N is past the next expected number: `SequenceGap` (events in between never arrived).
 
-No id list is stored: the ids of applied events are read back from the log itself. The
-state is four values kept with the run: the token the numbering belongs to (a takeover's
-new token starts a new numbering), the next expected number, the id of the newest
-numbered event, and the first number of the run of numbered events that ends there back
-to back in the log. An overlap is answered from the log when its events lie in that run,
-at most `MAX_LOOKBACK` entries back, and are still retained; otherwise (the events came
-before an unnumbered write, lie further back, or were trimmed or removed) it is refused
-with `SequenceConflict` and the next expected number, appending nothing: the producer
+The state is four values kept with the run (the token the numbering belongs to, a
+takeover's new token starting a new numbering; the next expected number; the id of the
+newest numbered event; the first number of the run of numbered events that ends there
+back to back in the log) and a compact record of the ids the numbering's newest events
+were given, at least `MAX_LOOKBACK` of them: an overlap is answered from that record,
+never by reading the log, so its cost does not depend on the size of the events. It is
+answered when its events lie in that run, at most `MAX_LOOKBACK` events back, and are
+still retained (newer than the log's floor); otherwise (the events came before an
+unnumbered write, lie further back, or were trimmed or removed) it is refused with
+`SequenceConflict` and the next expected number, appending nothing: the producer
 resends from that number (its events before were applied; only their ids are unknown).
 
-The Redis bridge keeps the same fields in the run's hash and decides in
-`lua/publish.lua` with the same rule; the memory bridge calls `admit`, `applied_ids`
-and `advance` below.
+The Redis bridge keeps the same fields in the run's hash, the record as buckets of
+consecutive ids (`redis/scripts.py` has the layout's numbers), and decides in
+`lua/publish.lua` with the same rule; the memory bridge calls `admit`, `IdRecord`,
+`applied_ids` and `advance` below.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -38,7 +42,7 @@ from .errors import InvalidInput, SequenceConflict, SequenceGap
 MAX_SEQ: Final = 2**53 - 1
 HEADER: Final = "X-Producer-Seq"
 # How far back an overlap's ids are looked up: the largest default batch, so a blind
-# retry of any batch is answered; lua/publish.lua has the same number (LOOKBACK).
+# retry of any batch is answered (lua/publish.lua gets it from redis/scripts.py).
 MAX_LOOKBACK: Final = 1000
 
 
@@ -81,7 +85,7 @@ class Admission:
     """What to do with a numbered batch that `admit` let through."""
 
     skip: int  # its leading events already applied (0: append it all)
-    lookback: int  # log entries, counted back from `Numbering.last_id`, that hold them
+    lookback: int  # how many numbers before the next expected one the batch starts
 
 
 APPEND_ALL: Final = Admission(0, 0)
@@ -107,19 +111,51 @@ def admit(numbering: Numbering | None, token: str, seq: int, count: int) -> Admi
     return Admission(min(count, lookback), lookback)
 
 
+class IdRecord:
+    """The ids of a numbering's newest numbered events, `MAX_LOOKBACK` at most (the
+    memory bridge's copy of the record lua/publish.lua keeps in the run's hash)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: deque[str] = deque(maxlen=MAX_LOOKBACK)
+
+    def extend(self, ids: Sequence[str]) -> None:
+        """Record the ids of the numbered events appended now (the next numbers)."""
+        self._ids.extend(ids)
+
+    def ids(self, numbering: Numbering, seq: int, count: int) -> list[str]:
+        """The ids of events `seq` .. `seq + count - 1` (all below `numbering.next`), as
+        far as the record still has them."""
+        start = len(self._ids) - (numbering.next - seq)
+        return [self._ids[i] for i in range(max(start, 0), start + count)]
+
+
 def applied_ids(
-    admission: Admission, newest_first: Sequence[str], numbering: Numbering, seq: int
+    admission: Admission,
+    recorded: Sequence[str],
+    floor: str | None,
+    log_exists: bool,
+    numbering: Numbering,
+    seq: int,
 ) -> tuple[str, ...]:
     """The first-assigned ids of the batch's already-applied events.
 
-    `newest_first` are the ids of (at most) `admission.lookback` log entries, newest
-    first, from `numbering.last_id` back. Fewer, or a different newest one, means the log
+    `recorded` are their ids as the record has them (fewer: not recorded any more).
+    They must still be in the log: `log_exists`, and newer than the log's `floor` (every
+    event with a larger id is retained; None when nothing was trimmed). Otherwise the log
     lost them (trimmed or removed): SequenceConflict.
     """
-    if len(newest_first) < admission.lookback or newest_first[0] != numbering.last_id:
+    if len(recorded) < admission.skip or not log_exists:
         raise sequence_conflict(seq, numbering.next)
-    oldest_first = newest_first[admission.lookback - 1 :: -1]
-    return tuple(oldest_first[: admission.skip])
+    if floor is not None and _id_key(recorded[0]) <= _id_key(floor):
+        raise sequence_conflict(seq, numbering.next)
+    return tuple(recorded[: admission.skip])
+
+
+def _id_key(event_id: str) -> tuple[int, int]:
+    ms, _, part = event_id.partition("-")
+    return int(ms), int(part)
 
 
 def advance(

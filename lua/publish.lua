@@ -51,12 +51,30 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
-  'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base')
+  'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base',
+  'seq_cur', 'seq_n', 'floor')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
-local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
-if tail and tail[2][1] == 'end' then
+-- The tail: its entry, or for a numbered batch that overlaps what was applied (a retry)
+-- only its id when nothing follows the newest event this run appended (`last`), read
+-- without loading any event (a retry's cost must not depend on the events' size; a
+-- tail that is not that event is read as always: an END, or a legacy writer's entries).
+local tail = nil
+local retry = meta[11] == ARGV[1] and meta[7] and tonumber(ARGV[6])
+if retry and tonumber(ARGV[6]) < tonumber(meta[12]) then
+  if #redis.call('XRANGE', KEYS[2], '(' .. meta[7], '+', 'COUNT', 1) == 0 then
+    if redis.call('EXISTS', KEYS[2]) == 1 then tail = {meta[7]} end
+  else
+    retry = false
+  end
+else
+  retry = false
+end
+if not retry then
+  tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+end
+if tail and tail[2] and tail[2][1] == 'end' then
   return {'ended', tail[1]}
 end
 -- The log of an ended run was removed: the record still says it ended.
@@ -73,10 +91,78 @@ end
 -- numbering belongs to one token (a takeover starts a new one): seq_tok, seq_next (next
 -- expected number), seq_last (id of event seq_next-1) and seq_base (events seq_base ..
 -- seq_next-1 are the log's newest numbered entries, back to back). A batch below seq_next
--- has its applied events' ids read back from the log (XREVRANGE from seq_last, at most
--- LOOKBACK entries) and appends only its tail; a batch past seq_next is a gap; an overlap
--- whose ids are not in the log any more is a conflict.
-local LOOKBACK = 1000  -- gateway.sequence.MAX_LOOKBACK
+-- has its applied events' ids taken from the record below (never read from the log, so
+-- the cost does not depend on the events' size) and appends only its tail; a batch past
+-- seq_next is a gap; an overlap whose ids are not recorded, or no longer in the log
+-- (removed, or not newer than its floor), is a conflict.
+--
+-- The record of the numbering's newest ids: buckets of at least SEQ_BUCKET events, the
+-- open one in `seq_cur` (rewritten by each numbered append, which reads it with the rest
+-- of the record), closed ones in the ring of fields sq0 .. sq<SEQ_BUCKETS-1> (`seq_n`
+-- closed so far in this numbering; bucket j is `sq<j % SEQ_BUCKETS>`), so at least
+-- LOOKBACK events are always recorded. A bucket is "<first number>:<base ms>" and, per
+-- run of consecutive ids, " <count>:<ms - base ms>-<first sequence part>": a few bytes an
+-- append. `floor` (the newest id trimmed or removed) is written with it when it moves.
+--! const LOOKBACK
+--! const SEQ_BUCKET
+--! const SEQ_BUCKETS
+
+local function id_parts(id)
+  local ms, part = string.match(id, '^(%d+)%-(%d+)$')
+  return tonumber(ms), tonumber(part)
+end
+
+-- Appends to `out` the ids `bucket` records for numbers `from` on, up to `want` in all.
+local function bucket_ids(bucket, from, want, out)
+  local first, base = string.match(bucket, '^(%d+):(%d+)')
+  local at = tonumber(first)
+  base = tonumber(base)
+  for k, dms, part in string.gmatch(bucket, ' (%d+):(%d+)%-(%d+)') do
+    k = tonumber(k)
+    if at + k > from then
+      local ms, part0 = base + tonumber(dms), tonumber(part)
+      for i = math.max(0, from - at), k - 1 do
+        if #out == want then return end
+        out[#out + 1] = string.format('%d-%d', ms, part0 + i)
+      end
+    end
+    at = at + k
+  end
+end
+
+local function bucket_start(bucket)
+  return tonumber(string.match(bucket, '^(%d+)'))
+end
+
+-- The recorded ids of numbers `from` .. from+want-1 (fewer when not recorded).
+local function recorded_ids(cur, closed, from, want)
+  local out = {}
+  if cur ~= '' and bucket_start(cur) <= from then
+    bucket_ids(cur, from, want, out)
+    return out
+  end
+  -- the newest closed bucket that starts at or before `from` (buckets start in order)
+  local lo, hi, found = math.max(0, closed - SEQ_BUCKETS), closed - 1, nil
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local bucket = redis.call('HGET', KEYS[1], 'sq' .. (mid % SEQ_BUCKETS))
+    if bucket and bucket_start(bucket) <= from then
+      found, lo = mid, mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  if not found then return out end
+  for j = found, closed - 1 do
+    local bucket = redis.call('HGET', KEYS[1], 'sq' .. (j % SEQ_BUCKETS))
+    if not bucket then return out end
+    bucket_ids(bucket, from, want, out)
+    if #out == want then return out end
+  end
+  if cur ~= '' then bucket_ids(cur, from, want, out) end
+  return out
+end
+
 local batch_seq = tonumber(ARGV[6])
 local count = (#ARGV - 6) / 2
 local skip = 0
@@ -94,13 +180,17 @@ if batch_seq then
     if batch_seq < tonumber(s[4]) or lookback > LOOKBACK then
       return {'sequence_conflict', expected}
     end
-    local back = redis.call('XREVRANGE', KEYS[2], s[3], '-', 'COUNT', lookback)
-    if #back < lookback or back[1][1] ~= s[3] then
+    skip = math.min(count, lookback)
+    applied = recorded_ids(meta[15] or '', tonumber(meta[16] or '0'), batch_seq, skip)
+    if #applied < skip or not tail then
       return {'sequence_conflict', expected}
     end
-    skip = math.min(count, lookback)
-    for i = lookback, lookback - skip + 1, -1 do
-      applied[#applied + 1] = back[i][1]
+    if meta[17] then  -- the first of them must be newer than the log's floor
+      local ms, part = id_parts(applied[1])
+      local fms, fpart = id_parts(meta[17])
+      if ms < fms or (ms == fms and part <= fpart) then
+        return {'sequence_conflict', expected}
+      end
     end
     if skip == count then
       -- All applied before: nothing is appended; like any publish it renews the lease.
@@ -130,10 +220,20 @@ end
 local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
 local push = {}
 local push_bytes = 0
+local runs = {}  -- numbered: the new ids as runs of consecutive ones, {ms, part, count}
 for i = 7 + 2 * skip, #ARGV, 2 do
   local id = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
   next_id = '*'
   reply[#reply + 1] = id
+  if batch_seq then
+    local ms, part = id_parts(id)
+    local run = runs[#runs]
+    if run and run[1] == ms and run[2] + run[3] == part then
+      run[3] = run[3] + 1
+    else
+      runs[#runs + 1] = {ms, part, 1}
+    end
+  end
   push_bytes = push_bytes + #ARGV[i + 1]
   if push_bytes <= tonumber(ARGV[4]) then
     push[#push + 1] = string.format('%s %s %d\n', id, ARGV[i], #ARGV[i + 1]) .. ARGV[i + 1]
@@ -150,6 +250,26 @@ if batch_seq then
   -- (written with the record's other fields, in the one HSET below)
   numbering = {'seq_tok', ARGV[1], 'seq_next', string.format('%d', first_new + count),
     'seq_last', last, 'seq_base', string.format('%d', base)}
+  -- The record: these ids join the open bucket (a new numbering starts a new record),
+  -- which closes into the ring once it holds SEQ_BUCKET events.
+  local cur, closed = '', 0
+  if s[1] == ARGV[1] then cur, closed = meta[15] or '', tonumber(meta[16] or '0') end
+  if cur == '' then cur = string.format('%d:%d', first_new, runs[1][1]) end
+  local bucket_base = tonumber(string.match(cur, ':(%d+)'))
+  local parts = {cur}
+  for _, run in ipairs(runs) do
+    parts[#parts + 1] = string.format(' %d:%d-%d', run[3], run[1] - bucket_base, run[2])
+  end
+  cur = table.concat(parts)
+  if first_new + count - bucket_start(cur) >= SEQ_BUCKET then
+    numbering[#numbering + 1] = 'sq' .. (closed % SEQ_BUCKETS)
+    numbering[#numbering + 1] = cur
+    cur, closed = '', closed + 1
+  end
+  numbering[#numbering + 1] = 'seq_cur'
+  numbering[#numbering + 1] = cur
+  numbering[#numbering + 1] = 'seq_n'
+  numbering[#numbering + 1] = string.format('%d', closed)
   if skip > 0 then
     -- The reply lists every event of the batch: first-assigned ids, then the new ones.
     local full = {'overlap', reply[2], reply[3], skip}
@@ -184,6 +304,10 @@ local record = {'lease_until', string.format('%d', now + tonumber(meta[5])),
   'ttl_at', string.format('%d', refresh and now or ttl_at)}
 if numbering then
   for i = 1, #numbering do record[#record + 1] = numbering[i] end
+end
+if floor then  -- what an overlap's ids are checked against (above)
+  record[#record + 1] = 'floor'
+  record[#record + 1] = floor
 end
 redis.call('HSET', KEYS[1], unpack(record))
 if refresh then

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from ..cursor import EventKey, format_key, key_of
+from ..cursor import EventKey, format_key
 from ..errors import (
     BridgeClosed,
     InvalidInput,
@@ -45,7 +45,7 @@ from ..errors import (
     TurnExists,
 )
 from ..names import check_end_status, check_run_id, check_session_id
-from ..sequence import Numbering, admit, advance, applied_ids, check_seq
+from ..sequence import IdRecord, Numbering, admit, advance, applied_ids, check_seq
 from ..sessions.memory import MemorySessionStore
 from ..settings import Settings
 from ..timing.deadlines import Changes, Deadlines, Signal
@@ -129,6 +129,7 @@ class _Run:
     last_event: EventKey | None = None  # the newest event id handed out (not the END)
     gen: _Generation | None = None
     numbering: Numbering | None = None  # numbered appends (see gateway.sequence)
+    recorded: IdRecord = field(default_factory=IdRecord)  # the numbering's newest ids
     deadline: float = 0.0  # loop time at which the whole run expires
     turn_key: tuple[str, str] | None = None  # (session, idempotency key) it holds
     stream: str | None = None  # the mark of its current streamed append (cut_lease)
@@ -307,11 +308,15 @@ class MemoryStreamBridge:
         if seq is not None:
             admission = admit(run.numbering, token, seq, len(encoded))
             if admission.skip:
-                assert run.numbering is not None  # admit lets an overlap through only then
+                numbering = run.numbering
+                assert numbering is not None  # admit lets an overlap through only then
+                gen = run.gen
                 applied = applied_ids(
                     admission,
-                    self._ids_back(run, run.numbering.last_id, admission.lookback),
-                    run.numbering,
+                    run.recorded.ids(numbering, seq, admission.skip),
+                    None if gen is None or gen.floor is None else format_key(gen.floor),
+                    gen is not None and not gen.retired,
+                    numbering,
                     seq,
                 )
                 encoded = encoded[admission.skip :]
@@ -330,6 +335,9 @@ class MemoryStreamBridge:
         self._evict(gen)
         gen.pacer.appended_now()
         if seq is not None:
+            if run.numbering is None or run.numbering.token != token:
+                run.recorded = IdRecord()  # a new numbering
+            run.recorded.extend(ids)
             run.numbering = advance(run.numbering, token, seq + len(applied), ids, previous_last)
         now = self._clock()
         run.lease_expires_at = now + run.lease_seconds
@@ -338,21 +346,6 @@ class MemoryStreamBridge:
         if run.session_id is not None:  # the turn record follows in the same step
             self.sessions.appended(run_id, encoded, now)
         return PublishResult((*applied, *ids), run.cancel_requested, run.session_id, len(applied))
-
-    def _ids_back(self, run: _Run, last_id: str, count: int) -> list[str]:
-        """Ids of up to `count` retained events from `last_id` back, newest first
-        (XREVRANGE last_id - COUNT count, as lua/publish.lua reads them)."""
-        gen = run.gen
-        if gen is None or gen.retired:
-            return []
-        stop = bisect_right(gen.keys, key_of(last_id))
-        found: list[str] = []
-        for index in range(stop - 1, gen.head - 1, -1):
-            event = gen.events[index]
-            if event is None or len(found) == count:
-                break
-            found.append(event.id)
-        return found
 
     async def publish_end(
         self,

@@ -753,13 +753,14 @@ class RedisStreamBridge:
         async def fetch() -> list[Any]:
             # Cluster pipelines route per key; both keys share a slot either way.
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(keys.meta)
+                pipe.hmget(keys.meta, _INFO_FIELDS)
                 pipe.xlen(keys.log)
                 pipe.xrange(keys.log, "-", "+", count=1)
                 pipe.xrevrange(keys.log, "+", "-", count=2)
                 return list(await pipe.execute())
 
-        meta_raw, length, head, tail = await self._call(fetch)
+        values, length, head, tail = await self._call(fetch)
+        meta_raw = {k: v for k, v in zip(_INFO_FIELDS, values, strict=True) if v is not None}
         return _run_info(run_id, meta_raw, int(length), head[0] if head else None, tail)
 
     async def open_stream(
@@ -837,11 +838,9 @@ class RedisStreamBridge:
 
         async with self._turns.connection() as held:
             done = await self._attempts(lambda: run(held), True)
-        meta_raw, info_reply, tail = done[-1][:3]
+        values, info_reply, tail = done[-1][:3]
         raw = done[-1][3] if len(done[-1]) > 3 else []
-        if isinstance(meta_raw, dict):  # RESP3
-            meta_raw = [part for pair in meta_raw.items() for part in pair]
-        meta = dict(zip(meta_raw[::2], meta_raw[1::2], strict=False))
+        meta = {k.encode(): v for k, v in zip(_INFO_FIELDS, values, strict=True) if v is not None}
         if isinstance(info_reply, redis_errors.ResponseError):
             if "no such key" not in str(info_reply):
                 raise _unavailable("Redis error", info_reply)
@@ -986,6 +985,17 @@ class RedisStreamBridge:
 
 
 _RECORD_FIELDS: Final = ("status", "err", "end_id", "last")
+# The run record's fields a `RunInfo` and a read need (HMGET, not HGETALL: the record also
+# holds the numbering's id record, lua/publish.lua, which no reader wants).
+_INFO_FIELDS: Final = (
+    *_RECORD_FIELDS,
+    "session",
+    "created",
+    "updated",
+    "cancel",
+    "epoch",
+    "lease_until",
+)
 _LAST_ID: Final = "18446744073709551615-18446744073709551615"  # nothing can follow it
 
 
@@ -1005,11 +1015,11 @@ def _read_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
 
 def _open_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
     """`open_stream`'s commands: `get_run`'s and a read's (`_read_transaction`) in one
-    transaction: HGETALL, XINFO STREAM (length, first entry, bounds), XREVRANGE of the
+    transaction: HMGET, XINFO STREAM (length, first entry, bounds), XREVRANGE of the
     last two entries (the last event when the newest is the END), XRANGE."""
     parts = [
         pack("MULTI"),
-        pack("HGETALL", keys.meta),
+        pack("HMGET", keys.meta, *_INFO_FIELDS),
         pack("XINFO", "STREAM", keys.log),
         pack("XREVRANGE", keys.log, "+", "-", "COUNT", 2),
     ]
@@ -1023,7 +1033,7 @@ def _open_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
 def _run_info(
     run_id: str, meta_raw: dict[Any, Any], length: int, head: Any, tail: Sequence[Any]
 ) -> RunInfo | None:
-    """A `RunInfo` from the run record (HGETALL), the log's length, its first entry (None
+    """A `RunInfo` from the run record (`_INFO_FIELDS`), the log's length, its first entry (None
     when empty) and its last two entries (XREVRANGE), newest first."""
     if not meta_raw and not length:
         return None

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from redis.commands.core import AsyncScript
+
+from ..sequence import MAX_LOOKBACK
 
 _PACKAGED = Path(__file__).resolve().parent.parent / "lua"  # installed wheel
 _SOURCE = Path(__file__).resolve().parent.parent.parent / "lua"  # source checkout
@@ -21,19 +23,39 @@ def _lua_dir() -> Path:
 
 
 _INCLUDE = "--! include "
+_CONST = "--! const "
+
+# The record of a numbering's newest ids in the run hash (lua/publish.lua): buckets of
+# at least SEQ_BUCKET events, the current one (`seq_cur`) rewritten by each numbered
+# append, the SEQ_BUCKETS newest closed ones in a ring of fields (`sq0`, `sq1`, ...), so
+# that at least MAX_LOOKBACK events are recorded. Small buckets cost less to rewrite;
+# fewer fields cost less per field: 32 of 32 events keep 1,024 in ~10 KB.
+SEQ_BUCKET: Final = 32
+CONSTANTS: Final = {
+    "LOOKBACK": MAX_LOOKBACK,
+    "SEQ_BUCKET": SEQ_BUCKET,
+    "SEQ_BUCKETS": -(-MAX_LOOKBACK // SEQ_BUCKET),
+}
 
 
 @cache
 def lua_source(name: str) -> str:
     """The text of `lua/<name>.lua` (read once per process), with each line
     `--! include <other>` replaced by the text of `lua/<other>.lua` (Redis scripts
-    cannot load each other: a shared library is pasted into every script that uses it)."""
+    cannot load each other: a shared library is pasted into every script that uses it)
+    and each line `--! const <NAME>` by `local <NAME> = <value>` from `CONSTANTS` (a
+    number the Python code decides by, given to the script from its one definition)."""
     text = (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
-    lines = [
-        lua_source(line[len(_INCLUDE) :].strip()) if line.startswith(_INCLUDE) else line
-        for line in text.splitlines(keepends=True)
-    ]
-    return "".join(lines)
+    return "".join(_expand(line) for line in text.splitlines(keepends=True))
+
+
+def _expand(line: str) -> str:
+    if line.startswith(_INCLUDE):
+        return lua_source(line[len(_INCLUDE) :].strip())
+    if line.startswith(_CONST):
+        constant = line[len(_CONST) :].strip()
+        return f"local {constant} = {CONSTANTS[constant]}\n"
+    return line
 
 
 async def ensure_loaded(client: Any, scripts: Sequence[AsyncScript]) -> int:

@@ -233,6 +233,41 @@ async def test_an_overlap_is_answered_up_to_the_look_back_limit(bridge: StreamBr
     assert info is not None and info.retained_events == total
 
 
+async def test_every_overlap_within_the_look_back_gets_the_first_ids(
+    bridge: StreamBridge,
+) -> None:
+    """Batches of every size, more events than the look-back: a retry from any number
+    within it, of any length, is answered with exactly the ids first assigned (on Redis
+    from the record of recent ids, across its buckets and its ring)."""
+    run_id = new_run_id()
+    tok = (await bridge.claim(run_id, lease_seconds=60)).token
+    ids: list[str] = []
+    seq = 1
+    while seq <= MAX_LOOKBACK + 300:
+        size = 1 + (seq * 7919) % 9
+        ids += (
+            await bridge.publish_many(
+                run_id, batch(*range(seq, seq + size)), producer_token=tok, seq=seq
+            )
+        ).ids
+        seq += size
+    expected = seq
+    for start in (*range(expected - MAX_LOOKBACK, expected, 37), expected - 1, expected - 32):
+        length = 1 + start % 5
+        again = await bridge.publish_many(
+            run_id, batch(*range(start, start + length)), producer_token=tok, seq=start
+        )
+        applied = min(length, expected - start)
+        assert again.ids[:applied] == tuple(ids[start - 1 : start - 1 + applied]), start
+        if applied < length:  # reached past the next number: its tail was appended
+            ids += again.ids[applied:]
+            expected += length - applied
+    with pytest.raises(SequenceConflict):
+        await bridge.publish_many(
+            run_id, batch(1), producer_token=tok, seq=expected - MAX_LOOKBACK - 1
+        )
+
+
 async def test_an_overlap_across_an_unnumbered_write_is_a_conflict(bridge: StreamBridge) -> None:
     """The ids of numbered events are read back from the log; an unnumbered write between
     them ends the run of numbered entries that can be counted back."""
@@ -319,24 +354,30 @@ async def test_numbered_writes_after_end_are_ended_and_bad_numbers_are_invalid(
         await bridge.publish_many(run_id, batch(2), producer_token=tok, seq=2)
 
 
-async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
+async def test_redis_numbering_state_is_bounded_in_the_run_hash(
     make_bridge: BridgeFactory, redis_url: str
 ) -> None:
-    """No key per event or per batch, no id list: after many numbered batches the run
-    still has its two keys, and the hash holds four numbering fields."""
+    """No key per event or per batch: after many numbered batches (more than the
+    look-back) the run still has its two keys, and the hash holds the four numbering
+    fields and the record of recent ids, a bounded number of small fields."""
     if make_bridge.backend != "redis":
         pytest.skip("Redis layout")
     from redis.asyncio import Redis
+
+    from gateway.redis.scripts import CONSTANTS
 
     async with make_bridge() as bridge:
         run_id = new_run_id()
         tok = (await bridge.claim(run_id, lease_seconds=30)).token
         seq = 1
-        for size in (3, 1, 4, 1, 5) * 20:
+        for size in (3, 1, 4, 1, 5) * 100:
             last = await bridge.publish_many(
                 run_id, batch(*range(seq, seq + size)), producer_token=tok, seq=seq
             )
             seq += size
+        assert seq > MAX_LOOKBACK
+        again = await bridge.publish_many(run_id, batch(0), producer_token=tok, seq=seq - 1)
+        assert again.ids == last.ids[-1:]
     client = Redis.from_url(redis_url)
     try:
         keys = sorted(k.decode() for k in await client.keys(f"{make_bridge.key_prefix}*"))
@@ -346,8 +387,13 @@ async def test_redis_numbering_state_is_four_fields_of_the_run_hash(
         fields = await client.hmget(f"{tag}:meta", names)
         assert fields[0] == tok.encode() and int(fields[1]) == seq
         assert fields[2].decode() == last.ids[-1] and int(fields[3]) == 1
-        seq_fields = [f for f in await client.hkeys(f"{tag}:meta") if f.startswith(b"seq_")]
-        assert sorted(seq_fields) == sorted(n.encode() for n in names)
+        record = {
+            k: v
+            for k, v in (await client.hgetall(f"{tag}:meta")).items()
+            if k.startswith(b"sq") or k in (b"seq_cur", b"seq_n")
+        }
+        assert len(record) <= CONSTANTS["SEQ_BUCKETS"] + 2
+        assert sum(len(v) for v in record.values()) < 16 * 1024
     finally:
         await client.aclose()
 
