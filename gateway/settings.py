@@ -302,7 +302,6 @@ class Settings(BaseSettings):
     def _one_place_per_option(cls, url: str | None) -> str | None:
         if url is None:
             return None
-        _check_redis_url_form(url)
         for option in parse_qs(urlsplit(url).query):
             if option in _REDIS_URL_OWNED:
                 raise ValueError(
@@ -316,6 +315,7 @@ class Settings(BaseSettings):
         password = urlsplit(url).password
         if password is not None and _is_example_secret(unquote(password)):
             raise ValueError(f"the URL's password {_EXAMPLE_REFUSED}")
+        _check_redis_url_form(url)
         return url
 
     @field_validator("api_keys")
