@@ -44,6 +44,7 @@ REDACTED_FIELDS: Final = frozenset(
         "api_key",
         "authorization",
         "jwt_secret",
+        "jwt_app_keys",
         "password",
     }
 )

@@ -229,6 +229,13 @@ class Settings(BaseSettings):
         description="Older subscriber-token secrets, newest first, still accepted while the "
         "tokens signed with them expire (rotation; needs jwt_secret).",
     )
+    jwt_app_keys: CommaList = Field(
+        (),
+        repr=False,
+        description="Apps' own subscriber-token keys, `kid:secret` pairs (secret at least "
+        f"{MIN_JWT_SECRET_BYTES} bytes): a token whose header names a `kid` verifies only "
+        "with that key, and must name its `sessions` and expire within an hour.",
+    )
     allow_open_nonloopback: bool = Field(
         False,
         description="Serve without authentication on a non-loopback address (unsafe).",
@@ -341,6 +348,17 @@ class Settings(BaseSettings):
             _check_jwt_secret(secret)
         return secrets
 
+    @field_validator("jwt_app_keys")
+    @classmethod
+    def _app_keys(cls, pairs: tuple[str, ...]) -> tuple[str, ...]:
+        app_key_pairs(pairs)  # refuses a malformed, weak or repeated one
+        return pairs
+
+    @property
+    def authenticated(self) -> bool:
+        """Some credential is configured (else the gateway runs open)."""
+        return bool(self.api_keys or self.jwt_secret or self.jwt_app_keys)
+
     @model_validator(mode="after")
     def _previous_secrets_need_a_current_one(self) -> Self:
         if self.jwt_previous_secrets and not self.jwt_secret:
@@ -352,7 +370,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_open_cors_for_any_origin(self) -> Self:
-        open_mode = not self.api_keys and not self.jwt_secret
+        open_mode = not self.authenticated
         if open_mode and "*" in self.cors_origins and not self.allow_open_any_origin:
             raise ValueError(
                 "refusing cors_origins '*' without authentication: any web page could list "
@@ -363,7 +381,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_open_public_bind(self) -> Self:
-        open_mode = not self.api_keys and not self.jwt_secret
+        open_mode = not self.authenticated
         if open_mode and not is_loopback(self.host) and not self.allow_open_nonloopback:
             raise ValueError(
                 f"refusing to serve without authentication on non-loopback host "
@@ -414,6 +432,28 @@ _EXAMPLE_REFUSED: Final = (
     "is an example value shipped in the repository (anyone can read it): generate a "
     "secret, e.g. `openssl rand -hex 32`"
 )
+
+
+_KID: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def app_key_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`jwt_app_keys` as {kid: secret}; ValueError for a malformed, weak or repeated one."""
+    keys: dict[str, str] = {}
+    for pair in pairs:
+        kid, sep, secret = pair.partition(":")
+        if not sep or _KID.fullmatch(kid) is None:
+            raise ValueError(
+                "each app key is `kid:secret`, the kid 1-64 characters of [A-Za-z0-9._-]"
+            )
+        if kid in keys:
+            raise ValueError(f"app key id {kid!r} is listed twice")
+        try:
+            _check_jwt_secret(secret)
+        except ValueError as exc:
+            raise ValueError(f"app key {kid!r}: the secret {exc}") from None
+        keys[kid] = secret
+    return keys
 
 
 def _check_jwt_secret(secret: str) -> None:

@@ -45,6 +45,8 @@ def sample(name: str, field: FieldInfo) -> tuple[list[str], Any]:
         return ["0.5"], 0.5
     if name == "jwt_previous_secrets":
         return ["p" * 40, "q" * 40], ("p" * 40, "q" * 40)
+    if name == "jwt_app_keys":
+        return ["a:" + "p" * 40, "b:" + "q" * 40], ("a:" + "p" * 40, "b:" + "q" * 40)
     if name == "redis_url":  # a URL the settings accept (nothing connects here)
         return ["redis://127.0.0.1:6399/0"], "redis://127.0.0.1:6399/0"
     if name == "cors_origins":

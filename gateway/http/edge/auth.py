@@ -22,13 +22,22 @@ The model (docs/protocol.md §3.3):
                 the session's turns.
   ``sub``       optional, free text; only ever used for logging.
 
+  **App keys** (`Settings.jwt_app_keys`, `kid:secret` pairs) let an app mint tokens for
+  its own users without holding the gateway-wide secret: a token whose JWT header names
+  a `kid` is verified with that app key only (an unknown `kid` is refused, never tried
+  against the other secrets), and must carry a `sessions` claim (a list) and an `exp`
+  at most `APP_TOKEN_MAX_SECONDS` (an hour) ahead; anything else is 401. Such a token
+  grants what any token grants (its `sessions` and `runs`), so a leaked app key reads
+  only what the tokens it can mint name, for an hour at most, and is revoked by
+  removing it from the list. A token without `kid` is checked as before.
+
   A token is accepted as `Authorization: Bearer <jwt>` or as the `access_token` query
   parameter (a browser `EventSource` cannot set headers); the header wins when both
   are present. A token covers a run when the run id is in `runs`, or when the session
   the run *is recorded under* is in `sessions`: callers must pass the run's stored
   session id, never one taken from the request path. Tokens never grant producer or
   operator routes.
-- **Open mode**: no API key and no JWT secret configured. Everything is allowed; the
+- **Open mode**: no API key, no JWT secret and no app key configured. Everything is allowed; the
   command line only permits it on a loopback bind (see `gateway.cli`).
 
 Each principal names who it is for the per-reader share of open streams
@@ -52,13 +61,18 @@ from typing import Any, Final, Literal
 import jwt
 
 from ...errors import Forbidden, TokenExpired, Unauthorized
-from ...settings import Settings
+from ...settings import Settings, app_key_pairs
 
 ALGORITHMS: Final[tuple[str, ...]] = ("HS256", "HS384", "HS512")
+# The longest an app-key token may live (its `exp` from now, at the check), and how far
+# ahead of the gateway's the minting app's clock may be.
+APP_TOKEN_MAX_SECONDS: Final = 3600.0
+APP_CLOCK_SKEW_SECONDS: Final = 30.0
 JwtAlgorithm = Literal["HS256", "HS384", "HS512"]
 
 __all__ = [
     "ALGORITHMS",
+    "APP_TOKEN_MAX_SECONDS",
     "Authenticator",
     "Principal",
     "mint_subscriber_token",
@@ -149,6 +163,7 @@ class Authenticator:
         jwt_secret: str | None = None,
         *,
         previous_secrets: Iterable[str] = (),
+        app_keys: Mapping[str, str] | None = None,
         leeway_seconds: float = 0.0,
     ) -> None:
         keys = [k for k in api_keys if k]
@@ -162,18 +177,26 @@ class Authenticator:
         self._jwt_secrets: tuple[str, ...] = (
             () if self._jwt_secret is None else (self._jwt_secret, *previous_secrets)
         )
+        self._app_keys: dict[str, str] = dict(app_keys or {})  # kid -> secret
         self._leeway = leeway_seconds
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Authenticator:
         return cls(
-            settings.api_keys, settings.jwt_secret, previous_secrets=settings.jwt_previous_secrets
+            settings.api_keys,
+            settings.jwt_secret,
+            previous_secrets=settings.jwt_previous_secrets,
+            app_keys=app_key_pairs(settings.jwt_app_keys),
         )
 
     @property
     def open_mode(self) -> bool:
-        """True when no API key and no JWT secret are configured: everything is allowed."""
-        return not self._key_digests and self._jwt_secret is None
+        """True when no API key, JWT secret or app key is configured: everything is allowed."""
+        return not self._key_digests and self._jwt_secret is None and not self._app_keys
+
+    @property
+    def _takes_tokens(self) -> bool:
+        return bool(self._jwt_secrets or self._app_keys)
 
     def _api_key(self, credential: str) -> Principal | None:
         """The principal of the API key `credential` is, if it is one."""
@@ -185,7 +208,15 @@ class Authenticator:
         return matched
 
     def _claims(self, token: str) -> dict[str, Any]:
-        """The verified claims of `token`, trying each secret, newest first."""
+        """The verified claims of `token`: with the app key its header names (`kid`),
+        else trying each gateway secret, newest first."""
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.InvalidTokenError:
+            raise Unauthorized("invalid credentials") from None
+        kid = header.get("kid")
+        if kid is not None:
+            return self._app_claims(token, kid)
         for secret in self._jwt_secrets:
             try:
                 claims: dict[str, Any] = jwt.decode(
@@ -203,6 +234,33 @@ class Authenticator:
                 raise Unauthorized("invalid credentials") from None
             return claims
         raise Unauthorized("invalid credentials")
+
+    def _app_claims(self, token: str, kid: object) -> dict[str, Any]:
+        """The claims of a token signed with app key `kid`, within an app token's limits."""
+        secret = self._app_keys.get(kid) if isinstance(kid, str) else None
+        if secret is None:
+            raise Unauthorized("invalid credentials (unknown key id)")
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                secret,
+                algorithms=list(ALGORITHMS),
+                options={"require": ["exp"]},
+                leeway=self._leeway,
+            )
+        except jwt.ExpiredSignatureError:
+            raise TokenExpired("the subscriber token has expired") from None
+        except jwt.InvalidTokenError:
+            raise Unauthorized("invalid credentials") from None
+        if not isinstance(claims.get("sessions"), list):
+            raise Unauthorized("a token signed with an app key must name its sessions")
+        exp = claims["exp"]
+        latest = time.time() + APP_TOKEN_MAX_SECONDS + APP_CLOCK_SKEW_SECONDS
+        if not isinstance(exp, int | float) or exp > latest:
+            raise Unauthorized(
+                f"a token signed with an app key may live at most {APP_TOKEN_MAX_SECONDS:g} s"
+            )
+        return claims
 
     def _decode(self, token: str) -> Principal:
         claims = self._claims(token)
@@ -233,7 +291,7 @@ class Authenticator:
         key = self._api_key(credential)
         if key is not None:
             return key
-        if self._jwt_secret is not None and credential.count(".") == 2:
+        if self._takes_tokens and credential.count(".") == 2:
             # A well-formed subscriber token on a producer route: authenticated, not allowed.
             self._decode(credential)
             raise Forbidden("subscriber tokens cannot be used on producer or operator routes")
@@ -292,8 +350,10 @@ def mint_subscriber_token(
     subject: str | None = None,
     algorithm: JwtAlgorithm = "HS256",
     now: float | None = None,
+    kid: str | None = None,
 ) -> str:
-    """A subscriber token for `runs` and/or `sessions`, valid for `ttl_seconds`."""
+    """A subscriber token for `runs` and/or `sessions`, valid for `ttl_seconds`; `kid`
+    names the app key `secret` is (`Settings.jwt_app_keys`; then at most an hour)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}")
     issued = time.time() if now is None else now
@@ -305,4 +365,5 @@ def mint_subscriber_token(
     }
     if subject is not None:
         claims["sub"] = subject
-    return jwt.encode(claims, secret, algorithm=algorithm)
+    headers = None if kid is None else {"kid": kid}
+    return jwt.encode(claims, secret, algorithm=algorithm, headers=headers)
