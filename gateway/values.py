@@ -13,7 +13,9 @@ import orjson
 EndStatus: TypeAlias = Literal["success", "error", "cancelled", "interrupted", "producer_lost"]
 END_STATUSES: Final[frozenset[str]] = frozenset(get_args(EndStatus))
 
-GapReason: TypeAlias = Literal["trimmed", "stream_removed", "bridge_closed"]
+# `unknown_position`: the cursor is not an id this log handed out (it was lost in a
+# failover or a restart, or belongs to an earlier life of the run id): see bridge/rules.py.
+GapReason: TypeAlias = Literal["trimmed", "stream_removed", "unknown_position", "bridge_closed"]
 
 
 class RawJSON(bytes):

@@ -131,8 +131,9 @@ async def follow_log(
                     # below): a live reader may never read again, and its last read
                     # would hold a batch of events decoded for it alone for good.
                     del read
-                    if isinstance(decided, rules.Bounds):  # behind the log's floor
-                        items = [rules.gap(position, await view.gap_bounds(decided))]
+                    if isinstance(decided, rules.Missed):  # a gap: fill in its bounds
+                        bounds = await view.gap_bounds(decided.bounds)
+                        items = [rules.gap(position, bounds, decided.reason)]
                     else:
                         items = decided
                     del decided

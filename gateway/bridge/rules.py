@@ -12,6 +12,16 @@ had handed out, so ids never repeat and every reader positioned before the remov
 gets a gap. A reader positioned at or after the floor has missed nothing; one before it
 has, and gets a gap (never a silent partial replay).
 
+A position above the floor must be an id of the log itself (`unvouched`): a backend can
+lose events readers were given (a failover to a replica that had not received them, a
+restart without persistence) or the run id can start a new life after its log and record
+expired. A cursor the log did not issue (above its newest id; absent from it though above
+its floor; from an earlier life of the run id; below the first entry of a log never
+trimmed) is a gap with reason `unknown_position`: never a wait at the tail, never a
+replay that follows ids the log no longer holds. 0-0, the position before every event,
+needs no vouching. Each backend reports whether the position it read after is an entry
+of the log (`LogRead.found`).
+
 What a subscriber does on each read of the log is decided here too (`Phase`, `decide`);
 the loop that applies it is `reader.py`, the same for both backends.
 """
@@ -61,7 +71,8 @@ class LogRead:
     `last_event` (the last event id the run handed out) are then the run record's
     ("running" while it runs, "" when there is no record). `entries` are the entries
     after the position (up to a batch size; an END entry is the last of them), `tail`
-    the log's newest entry (None when it is empty).
+    the log's newest entry (None when it is empty). `found`: whether the position read
+    after is an entry of the log (None: no position was given, or it was not looked up).
     """
 
     exists: bool
@@ -72,6 +83,7 @@ class LogRead:
     error: Any
     end_id: str | None
     last_event: EventKey | None
+    found: bool | None = None
 
     def tail_end(self) -> End | None:
         return self.tail if isinstance(self.tail, End) else None
@@ -141,6 +153,15 @@ def missed_unknown(position: EventKey | None) -> bool:
     return position is not None and position > (0, 0)
 
 
+def unvouched(position: EventKey | None, bounds: Bounds, found: bool | None) -> bool:
+    """Whether a reader at `position` holds a position the log cannot vouch for: above
+    0-0 and above the floor (at or below it is `missed_events`' business), yet not an
+    entry of the log (`found` False: the backend looked it up and it is not there)."""
+    if position is None or found is not False or position == (0, 0):
+        return False
+    return bounds.floor is None or position > bounds.floor
+
+
 def behind(position: EventKey | None, last_event: EventKey | None) -> bool:
     """Whether a reader at `position` lacks events of a run whose newest event id is
     `last_event` (None: the run handed out none, or it is not known). A reader with no
@@ -151,9 +172,22 @@ def behind(position: EventKey | None, last_event: EventKey | None) -> bool:
     return position is None or position < last_event
 
 
-def gap(position: EventKey | None, bounds: Bounds) -> StreamGap:
-    """The gap for a reader at `position` that `missed_events` found behind the floor."""
-    reason: GapReason = "trimmed" if bounds.trimmed else "stream_removed"
+@dataclass(frozen=True, slots=True)
+class Missed:
+    """A reader missed events (`decide`): the log's bounds, filled in by the caller with
+    the retained ids, and why."""
+
+    bounds: Bounds
+    reason: GapReason
+
+
+def missed(bounds: Bounds) -> Missed:
+    """A reader behind the floor: events were trimmed, or its log was removed."""
+    return Missed(bounds, "trimmed" if bounds.trimmed else "stream_removed")
+
+
+def gap(position: EventKey | None, bounds: Bounds, reason: GapReason) -> StreamGap:
+    """The gap for a reader at `position` that `decide` found behind (`Missed`)."""
     requested = None if position is None else format_key(position)
     return StreamGap(requested, bounds.first, bounds.last, reason)
 
@@ -177,7 +211,7 @@ class Phase(enum.Enum):
     DONE = "done"  # a terminal item was decided
 
 
-Decision: TypeAlias = tuple[Phase, "list[StreamItem] | Bounds"]
+Decision: TypeAlias = tuple[Phase, "list[StreamItem] | Missed"]
 
 
 def decide(phase: Phase, position: EventKey | None, read: LogRead) -> Decision:
@@ -187,8 +221,9 @@ def decide(phase: Phase, position: EventKey | None, read: LogRead) -> Decision:
     the last event delivered; None: nothing), which is what can fall behind the log's
     floor. The answer is the next
     phase and either the items to deliver (maybe none yet: wait; a terminal item ends
-    the subscription, `Phase.DONE`) or the log's bounds when the reader is behind its
-    floor (a gap, whose first/last ids the caller fills in).
+    the subscription, `Phase.DONE`) or `Missed` when the reader is behind the log's
+    floor or holds a position the log cannot vouch for (a gap, whose first/last ids the
+    caller fills in).
     """
     if not read.exists:
         ended = bool(read.status) and read.status != "running"
@@ -215,7 +250,9 @@ def decide(phase: Phase, position: EventKey | None, read: LogRead) -> Decision:
         return Phase.NO_RUN, []
     assert read.bounds is not None
     if missed_events(position, read.bounds):
-        return Phase.DONE, read.bounds
+        return Phase.DONE, missed(read.bounds)
+    if unvouched(position, read.bounds, read.found):
+        return Phase.DONE, Missed(read.bounds, "unknown_position")
     if not read.entries:
         end = read.tail_end()
         if end is not None:

@@ -15,7 +15,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -23,22 +23,21 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from ..values import EndResult
+from ..values import EndResult, GapReason
 from .streaming.subscriptions import SubscriptionRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 ResumeOutcome = Literal[
-    "exact", "gap_trimmed", "gap_stream_removed", "malformed_cursor", "from_start"
-]
-RESUME_OUTCOMES: Final[tuple[ResumeOutcome, ...]] = (
     "exact",
     "gap_trimmed",
     "gap_stream_removed",
+    "gap_unknown_position",
     "malformed_cursor",
     "from_start",
-)
-GAP_REASONS: Final = ("trimmed", "stream_removed", "bridge_closed")
+]
+RESUME_OUTCOMES: Final[tuple[ResumeOutcome, ...]] = get_args(ResumeOutcome)
+GAP_REASONS: Final[tuple[GapReason, ...]] = get_args(GapReason)
 ROUTE_KINDS: Final = ("producer", "subscriber", "sse", "sessions", "operator", "ops", "other")
 LAG_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SCAN_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)

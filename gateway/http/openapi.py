@@ -63,7 +63,8 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class Operation:
     """What one endpoint takes and answers. `errors` are the error statuses it may
-    answer (`error_codes` and `STATUS_MEANINGS` describe each); `who` sets the credentials it takes."""
+    answer (`error_codes` and `STATUS_MEANINGS` describe each); `who` sets the
+    credentials it takes."""
 
     summary: str
     who: Who

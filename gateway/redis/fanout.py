@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ..bridge.rules import Entry, LogRead, missed_events
+from ..bridge.rules import Entry, LogRead, missed_events, unvouched
 from ..cursor import EventKey, format_key, key_of, parse_cursor
 from ..timing.deadlines import Changes, Deadlines
 from ..timing.pacing import WakePacer
@@ -86,13 +86,23 @@ class RunFeed:
     # -- what subscribers see ----------------------------------------------------
 
     def after(self, position: EventKey) -> list[Entry] | None:
-        """Entries after `position`, or None when it is older than the window."""
-        if position < self._base_key or not self.started:
+        """Entries after `position`, or None when the window cannot vouch for it: older
+        than the window, or not one of its ids (nor its base). Such a reader reads Redis,
+        which tells a position the log no longer holds (lost in a failover) from one it
+        merely has not read yet."""
+        if not self.started:
             return None
         keys = self._keys_window
-        # A live reader asking again once it has the newest entry: no search.
-        caught_up = bool(keys) and position == keys[-1]
-        entries = [] if caught_up else self.items[bisect_right(keys, position) :]
+        if keys and position == keys[-1]:
+            # A live reader asking again once it has the newest entry: no search.
+            entries: list[Entry] = []
+        elif position == self._base_key:
+            entries = self.items[:]
+        else:
+            index = bisect_right(keys, position)
+            if index == 0 or keys[index - 1] != position:
+                return None
+            entries = self.items[index:]
         if not entries and self.items and isinstance(self.items[-1], End):
             return self.items[-1:]  # a cursor past the END entry still learns the run ended
         return entries
@@ -234,6 +244,13 @@ class RunFeed:
             # window at the floor; subscribers behind it find their gap in Redis.
             assert read.bounds.floor is not None
             self._reset(format_key(read.bounds.floor))
+            return True
+        if unvouched(self._head_key, read.bounds, read.found):
+            # The log no longer holds the feed's head: it went backwards (a failover to a
+            # replica that missed the newest entries, a restart that lost them). Restart
+            # the window at the log's newest entry; each reader whose position the log no
+            # longer holds finds its gap in Redis (`after` sends it there).
+            self._reset(read.tail.id if read.tail is not None and read.tail.id else "0-0")
             return True
         for entry in read.entries:
             self._append(entry)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Final, Literal
 
 from ...errors import BridgeClosed
-from ...values import StreamGap
+from ...values import GapReason, StreamGap
 from ..edge.observe import lifecycle
 from ..metrics import Metrics, ResumeOutcome
 
@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 # How the reader asked to start: no cursor, a malformed one, or a valid one (whose
 # outcome, exact or a gap, is known at the subscription's first item).
 ResumeStart = Literal["from_start", "malformed_cursor", "cursor"]
+# A resume that ends in a gap, by the gap's reason (bridge_closed: the gateway is shutting
+# down, which says nothing of the cursor).
+GAP_OUTCOMES: Final[Mapping[GapReason, ResumeOutcome | None]] = {
+    "trimmed": "gap_trimmed",
+    "stream_removed": "gap_stream_removed",
+    "unknown_position": "gap_unknown_position",
+    "bridge_closed": None,
+}
 
 
 class StreamObserver:
@@ -77,11 +85,9 @@ class StreamObserver:
             return
         self._count_first = False
         if isinstance(item, StreamGap):
-            if item.reason == "trimmed":
-                self._count_resume("gap_trimmed")
-            elif item.reason == "stream_removed":
-                self._count_resume("gap_stream_removed")
-            # bridge_closed: the gateway is shutting down; not a resume outcome
+            outcome = GAP_OUTCOMES[item.reason]
+            if outcome is not None:
+                self._count_resume(outcome)
         else:
             self._count_resume("exact")
 
