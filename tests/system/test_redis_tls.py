@@ -6,12 +6,15 @@ processes given `--redis-url rediss://:<password>@host:port/0?ssl_ca_certs=…&s
 ssl_keyfile=…`, the form docs/operations.md documents. A run is served end to end, change
 notifications included (their own connections), on one server and on a (one-node) Redis
 Cluster (`rediss+cluster://`). A wrong password or a missing CA is a clear readiness
-failure whose messages never carry the password.
+failure whose messages never carry the password; the read-only audit command takes the
+same URL.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
@@ -19,6 +22,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 import httpx
 import pytest
 
+from gateway.audit import EXIT_NOT_SAFE, EXIT_REDIS_ERROR, EXIT_SAFE_AFTER, EXIT_SAFE_NOW
 from tests.support.http_server import ProducerClient
 from tests.support.proxies import GatewayProcess, wait_until
 from tests.support.redis_servers import RedisServer
@@ -155,3 +159,27 @@ async def test_a_bad_redis_credential_is_a_clear_readiness_error(
         log = gateway.log(10_000)
     assert logged in log.lower(), log
     assert_no_password(log + answers)
+
+
+def audit(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "legacy-end-scan", "audit", "--redis-url", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_the_audit_reads_over_tls_and_names_a_refusal_without_the_password(
+    tls_redis: RedisServer,
+) -> None:
+    """`gateway legacy-end-scan audit` takes the same URL (its own client)."""
+    done = audit(tls_redis.url)
+    assert done.returncode in (EXIT_SAFE_NOW, EXIT_SAFE_AFTER, EXIT_NOT_SAFE), done.stderr
+    parts = urlsplit(tls_redis.url)
+    wrong = audit(
+        parts._replace(netloc=parts.netloc.replace(quote(PASSWORD, safe=""), "wrong")).geturl()
+    )
+    assert wrong.returncode == EXIT_REDIS_ERROR
+    assert "invalid username-password pair" in wrong.stderr, wrong.stderr
+    assert_no_password(done.stdout + done.stderr + wrong.stdout + wrong.stderr)
