@@ -176,7 +176,8 @@ export class Turn {
   private conn: Connection | undefined;
   private ackTimer: ReturnType<typeof setTimeout> | undefined;
   private leaseTimer: ReturnType<typeof setInterval> | undefined;
-  private lastActivity = Date.now();
+  private lastActivity = Date.now(); // the last word with the gateway: a send, an ack, a reply
+  private lastSend = Date.now();
   private failure: Error | undefined;
   private ended = false;
   private pumping: Promise<void> | undefined;
@@ -218,7 +219,7 @@ export class Turn {
     const line = JSON.stringify({ event, data });
     const item = { seq: this.nextSeq++, line };
     this.pending.push(item);
-    this.lastActivity = Date.now();
+    this.lastActivity = this.lastSend = Date.now();
     if (this.mode === "stream" && this.conn && !this.conn.closed && this.conn.sentThrough === item.seq - 1) {
       this.write(this.conn, [item]);
     } else {
@@ -254,7 +255,12 @@ export class Turn {
     }
     this.ended = true;
     if (this.conn && !this.conn.closed) this.closeBody(this.conn);
-    await Promise.allSettled([...this.connections]);
+    // The gateway answers an ended body with its last ack; a connection that never does
+    // (a peer gone without a reset) is dropped after a while: everything is acked by now.
+    const settled = Promise.allSettled([...this.connections]);
+    const late = setTimeout(() => this.conn?.abort.abort(new Error("no final ack")), 10_000);
+    await settled;
+    clearTimeout(late);
     this.stopTimers();
     const body: Record<string, unknown> = { status };
     if (error !== undefined) body["error"] = normaliseError(error);
@@ -349,6 +355,7 @@ export class Turn {
   }
 
   private acked(nextSeq: number, cancelRequested: boolean): void {
+    this.lastActivity = Date.now();
     if (cancelRequested && !this.cancel.signal.aborted) {
       this.cancel.abort(new Error("a reader asked to cancel the turn"));
     }
@@ -524,9 +531,15 @@ export class Turn {
 
   private async idleTick(): Promise<void> {
     if (this.ended || this.failure) return;
-    const idle = Date.now() - this.lastActivity;
-    if (idle < 1000) return;
-    this.lastActivity = Date.now();
+    const now = Date.now();
+    // A body idle for as long as the lease is refused: a silent model (a long tool call)
+    // ends its body cleanly first; the next event opens a new one.
+    const conn = this.conn;
+    if (conn && !conn.closed && this.pending.length === 0 && now - this.lastSend >= this.leaseMs / 2) {
+      this.closeBody(conn);
+    }
+    if (now - this.lastActivity < 1000) return;
+    this.lastActivity = now;
     try {
       const reply = await this.post("/lease", {});
       if (reply["cancel_requested"] === true && !this.cancel.signal.aborted) {

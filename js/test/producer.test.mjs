@@ -143,3 +143,18 @@ describe("producer", { timeout: 60_000 }, () => {
     assert.deepEqual(again, { existing: first.runId }, "within the ended TTL too");
   });
 });
+
+describe("a silent turn", { timeout: 30_000 }, () => {
+  test("ends its streamed body before the gateway's idle limit and goes on after", async () => {
+    const turn = await claim(gateway.url, "s-silent", { leaseSeconds: 2 });
+    const reading = readRun(gateway, turn.runId);
+    await turn.send("n", 0);
+    await turn.flush();
+    await new Promise((resolve) => setTimeout(resolve, 3000)); // silent for longer than the lease
+    await turn.send("n", 1);
+    await turn.end("success");
+    const { events, status } = await reading;
+    assert.equal(status, "success");
+    assert.deepEqual(events.map((e) => e.data), [0, 1]);
+  });
+});
