@@ -176,3 +176,38 @@ def test_decide_is_the_one_rule() -> None:
     live = _info(ended=False, updated_at=0.0)
     assert decide(live, run_id="r", takeover=True) == "take"
     assert decide(live, run_id="r", takeover=False) == "exists"
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster(redis_cluster: Any, key_prefix: str) -> None:
+    """Every script stays in one slot: the key's entry in the session's, the lease cut
+    in the run's (a cross-slot script would be refused by the cluster)."""
+    from gateway.bridge.provider import open_bridge
+    from gateway.settings import Settings
+
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+    settings = Settings(redis_url=url, redis_key_prefix=key_prefix)
+    async with open_bridge(settings) as bridge:
+        with anyio.fail_after(20):
+            won: list[str] = []
+            told: list[str] = []
+
+            async def claim(run_id: str) -> None:
+                try:
+                    won.append(
+                        (await bridge.claim(run_id, session_id="c", idempotency_key="k")).run_id
+                    )
+                except TurnExists as exc:
+                    told.append(exc.run_id)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(claim, rid())
+            assert len(won) == 1 and told == won * 3
+            run = await bridge.claim(won[0], session_id="c", idempotency_key="k", takeover=True)
+            await bridge.renew_lease(run.run_id, producer_token=run.token, stream="m")
+            last = (await bridge.publish(run.run_id, "t", 1, producer_token=run.token)).ids[-1]
+            ends = await bridge.cut_lease(
+                run.run_id, producer_token=run.token, stream="m", grace=1, last_id=last
+            )
+            assert ends is not None and ends < time.time() + 2
