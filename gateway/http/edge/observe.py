@@ -20,7 +20,8 @@ without the stack, get the same through `begin_request`):
 
 Lifecycle events go through `lifecycle(...)`: the `event` field names them (`startup`,
 `drain`, `shutdown`, `recovery_end`, `producer_dropped`, `fenced_write`, `gap`,
-`backend_unavailable`, `scripts_reloaded`). No line ever carries a payload, a request body or a credential.
+`backend_unavailable`, `scripts_reloaded`). No line ever carries a payload, a request
+body or a credential.
 """
 
 from __future__ import annotations
