@@ -350,6 +350,15 @@ class ThreadRun(Reply):
     status: Literal["running", "success", "error", "interrupted"]
 
 
+class ThreadCancelled(Reply):
+    run_id: str
+    thread_id: str
+    cancel_requested: bool
+    status: Literal["running", "success", "error", "interrupted"] | None = Field(
+        None, description="`wait=1` only: the run's status when the answer was sent"
+    )
+
+
 class Status(Reply):
     status: str
     warnings: list[JsonObject] | None = Field(None, description="readyz: e.g. eviction policy")

@@ -177,4 +177,40 @@ async def test_thread_cancel_checks_thread_and_origin(client: httpx.AsyncClient)
     assert status.json()["cancel_requested"] is False
     accepted = await client.post(path, json={})
     assert accepted.status_code == 202
-    assert accepted.json() == {"run_id": producer.run_id, "cancel_requested": True}
+    assert accepted.json() == {
+        "run_id": producer.run_id,
+        "thread_id": "t",
+        "cancel_requested": True,
+    }
+
+
+async def test_sdk_cancel_with_wait_returns_once_the_run_ended(
+    client: httpx.AsyncClient, gateway_server: RunningServer
+) -> None:
+    producer = await ProducerClient.claim(client, session_id="t")
+    await producer.publish(("values", {"i": 0}))
+
+    async def honour_cancel() -> None:
+        # a producer that checks its lease replies until asked to stop, then ends
+        while True:
+            lease = await client.post(
+                f"/v1/runs/{producer.run_id}/lease",
+                json={},
+                headers={"X-Producer-Token": producer.token},
+            )
+            if lease.json()["cancel_requested"]:
+                break
+            await anyio.sleep(0.05)
+        await producer.end("cancelled")
+
+    async with get_client(url=gateway_server.base_url) as sdk:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(honour_cancel)
+                done = await sdk.runs.cancel("t", producer.run_id, wait=True)
+    assert done == {
+        "run_id": producer.run_id,
+        "thread_id": "t",
+        "cancel_requested": True,
+        "status": "interrupted",
+    }

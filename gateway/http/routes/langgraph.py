@@ -13,8 +13,10 @@
   request as `POST /v1/runs/{run_id}/cancel` (the producer sees `cancel_requested`).
   The SDK posts it with no body and no `Content-Type`; that is accepted only from a
   client that sends no `Origin` header (browsers always send one on a `POST`), so a web
-  page still cannot cancel runs unasked. `wait` and `action` are accepted and ignored:
-  the answer comes at once (202); follow the stream or poll the run to see it end.
+  page still cannot cancel runs unasked. `wait=1` (the SDK's `wait=True`) answers once
+  the run has ended (200 with its LangGraph status; 202 if it still runs after
+  `MAX_WAIT_SECONDS`, as `/wait` does); `action` is accepted and ignored (the producer
+  decides what stopping means).
 
 The thread is the run's session: a run recorded under another session (or none) is a
 404 on these paths. Query parameters the SDK adds (`stream_mode`,
@@ -48,9 +50,9 @@ from ..openapi import (
     document,
 )
 from ..responses import json_response
-from ..schemas import CancelAccepted, CancelRequest, StreamQuery, ThreadRun
+from ..schemas import CancelRequest, StreamQuery, ThreadCancelled, ThreadRun
 from ..state import GatewayState, gateway_state
-from .subscriber import lookup, request_cancel, sse_response
+from .subscriber import MAX_WAIT_SECONDS, await_end, lookup, request_cancel, sse_response
 
 LANGGRAPH_STATUS: Final[dict[str, str]] = {
     "running": "running",
@@ -129,21 +131,31 @@ async def thread_run_status(request: Request) -> Response:
     Operation(
         "Ask the producer to stop (langgraph-sdk `runs.cancel`)",
         "subscriber",
-        {202: Reply("Cancel requested", CancelAccepted)},
-        (*READER_ERRORS, 415),
+        {
+            200: Reply("`wait=1`: the run has ended", ThreadCancelled),
+            202: Reply("Cancel requested", ThreadCancelled),
+        },
+        (*READER_ERRORS, 415, 429),
         body=CancelRequest,
         description="The same request as `POST /v1/runs/{run_id}/cancel`. The SDK sends no "
         "body and no `Content-Type`: accepted when the request carries no `Origin` header "
-        "(a browser always sends one). `wait` and `action` are accepted and ignored.",
+        "(a browser always sends one). `wait=1` answers when the run has ended (200, with "
+        "`status`), or 202 after 300 s; `action` is accepted and ignored.",
     )
 )
 async def cancel_thread_run(request: Request) -> Response:
     state = gateway_state(request)
-    _, info, _ = await _thread_run(request, state)
+    session_id, info, principal = await _thread_run(request, state)
     if "origin" in request.headers or "content-type" in request.headers:
         require_json(request)  # never a request a web page may send unasked
     await request_cancel(state, info.run_id)
-    return json_response({"run_id": info.run_id, "cancel_requested": True}, 202)
+    reply = {"run_id": info.run_id, "thread_id": session_id, "cancel_requested": True}
+    if request.query_params.get("wait") not in ("1", "true"):
+        return json_response(reply, 202)
+    done = await await_end(request, state, principal, info, MAX_WAIT_SECONDS)
+    if done is None:
+        return json_response({**reply, "status": "running"}, 202)
+    return json_response({**reply, "status": LANGGRAPH_STATUS.get(done.status, "error")})
 
 
 routes: Final = [

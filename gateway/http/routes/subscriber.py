@@ -270,8 +270,20 @@ async def wait_run(request: Request) -> Response:
     run_id = check_run_id(request.path_params["run_id"])
     timeout = min(WaitQuery.parse(request.query_params).timeout, MAX_WAIT_SECONDS)
     info = await lookup(state, principal, run_id)
+    done = await await_end(request, state, principal, info, timeout)
+    if done is None:
+        return json_response({"status": "running"}, 202)
+    return json_response({"status": done.status, "last_event_id": done.last_event_id})
+
+
+async def await_end(
+    request: Request, state: GatewayState, principal: Principal, info: RunInfo, within: float
+) -> RunInfo | None:
+    """The ended run's record once `info`'s run ends; None after `within` s, when the
+    client leaves or when the gateway drains. Counts as a wait of the reader's share."""
     if info.ended:
-        return json_response({"status": info.status, "last_event_id": info.last_event_id})
+        return info
+    run_id = info.run_id
     outcome: list[RunInfo] = []
     failure: list[GatewayError] = []
 
@@ -292,17 +304,14 @@ async def wait_run(request: Request) -> Response:
     state.subscriptions.admit(principal.share_key)  # 429 at its share; tracked at once
     with (
         state.subscriptions.track(run_id, "wait", principal.share_key),
-        anyio.move_on_after(timeout),
+        anyio.move_on_after(within),
     ):
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow, tg.cancel_scope)
             tg.start_soon(watch_disconnect_or_drain, tg.cancel_scope)
     if failure:
         raise failure[0]
-    if not outcome:
-        return json_response({"status": "running"}, 202)
-    done = outcome[0]
-    return json_response({"status": done.status, "last_event_id": done.last_event_id})
+    return outcome[0] if outcome else None
 
 
 async def _disconnected(request: Request, scope: anyio.CancelScope) -> None:
