@@ -69,7 +69,7 @@ def with_demo_key(settings: Settings) -> tuple[Settings, str | None]:
     None when the gateway runs open (no key is needed); otherwise the demo producer
     authenticates like any producer, with a key nobody else has.
     """
-    if not settings.api_keys and settings.jwt_secret is None:
+    if not settings.authenticated:
         return settings, None
     key = secrets.token_urlsafe(32)
     return settings.model_copy(update={"api_keys": (*settings.api_keys, key)}), key
