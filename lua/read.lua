@@ -13,13 +13,14 @@
 -- cluster's read (its client routes a script to the slot's node); keep the two alike.
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
--- ARGV[1]  read entries after this id ("-" for from the start)
+-- ARGV[1]  read entries from this id on, itself included ("-" for from the start)
 -- ARGV[2]  at most this many entries
 --
 -- Returns {exists (0|1), length, entries_added, max_deleted_id, last_generated_id,
 --          first_id, entries, tail, status, error, end_id, last}
 --   first_id  the oldest retained entry's id, "" when the log is empty
---   entries   XRANGE replies: {id, {field, value, ...}}
+--   entries   XRANGE replies: {id, {field, value, ...}}, the position's own first when
+--             it is an entry
 --   tail      the newest entry, "" when the log is empty (tells a cursor at or past an
 --             END from one waiting at a live tail, and a new reader where the log ends)
 --   status, error, end_id, last  the run record's status, END and last event id when
@@ -32,13 +33,9 @@ end
 local info = redis.call('XINFO', 'STREAM', KEYS[2])
 local field = {}
 for i = 1, #info, 2 do field[info[i]] = info[i + 1] end
-local entries = {}
-if ARGV[1] == '-' then
-  entries = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', tonumber(ARGV[2]))
-elseif ARGV[1] ~= '18446744073709551615-18446744073709551615' then
-  -- (nothing can follow the largest id, and XRANGE refuses an exclusive start there)
-  entries = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
-end
+-- From the position itself, inclusive: the reader learns whether it is an entry of the
+-- log (a position the log cannot vouch for is a gap) and drops it (codec._log_read).
+local entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
 local tail = field['last-entry'] or ''
 local first = field['first-entry']
 return {1, field['length'], field['entries-added'], field['max-deleted-entry-id'],

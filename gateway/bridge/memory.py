@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from ..cursor import EventKey, format_key
+from ..cursor import EventKey, format_key, try_parse_cursor
 from ..errors import (
     BridgeClosed,
     InvalidInput,
@@ -703,13 +703,18 @@ class _MemoryView:
             self._gen = gen = run.gen  # the first log of a run that had none when we came
         if gen is None or gen.retired:
             return self._record(gen, run)
-        index = gen.head if after is None else bisect_right(gen.keys, after, lo=gen.head)
+        found: bool | None = None
+        if after is None:
+            index = gen.head
+        else:
+            index = bisect_right(gen.keys, after, lo=gen.head)
+            found = (index > gen.head and gen.keys[index - 1] == after) or _is_end(gen, after)
         tail: rules.Entry | None = gen.end
         if tail is None and gen.head < len(gen.events):
             tail = gen.events[-1]
-        return rules.LogRead(
-            True, self._bridge._bounds(gen), self._slice(gen, index), tail, "", None, None, None
-        )
+        bounds = self._bridge._bounds(gen)
+        entries = self._slice(gen, index)
+        return rules.LogRead(True, bounds, entries, tail, "", None, None, None, found)
 
     @staticmethod
     def _record(gen: _Generation | None, run: _Run | None) -> rules.LogRead:
@@ -802,3 +807,9 @@ def _same_token(expected: str, given: str) -> bool:
 def _id(item: StreamEvent | None) -> str:
     assert item is not None  # callers only pass retained slots
     return item.id
+
+
+def _is_end(gen: _Generation, key: EventKey) -> bool:
+    """Whether `key` is the id of the log's END entry (a position in the log too)."""
+    end_id = gen.end.id if gen.end is not None else None
+    return end_id is not None and try_parse_cursor(end_id) == key

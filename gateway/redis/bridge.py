@@ -838,8 +838,7 @@ class RedisStreamBridge:
 
         async with self._turns.connection() as held:
             done = await self._attempts(lambda: run(held), True)
-        values, info_reply, tail = done[-1][:3]
-        raw = done[-1][3] if len(done[-1]) > 3 else []
+        values, info_reply, tail, raw = done[-1]
         meta = {k.encode(): v for k, v in zip(_INFO_FIELDS, values, strict=True) if v is not None}
         if isinstance(info_reply, redis_errors.ResponseError):
             if "no such key" not in str(info_reply):
@@ -850,7 +849,7 @@ class RedisStreamBridge:
             length, head = int(fields[b"length"]), fields.get(b"first-entry")
         info = _run_info(run_id, meta, length, head, tail)
         read = parse_log_read(
-            [meta.get(field.encode()) for field in _RECORD_FIELDS], info_reply, raw
+            [meta.get(field.encode()) for field in _RECORD_FIELDS], info_reply, raw, after
         )
         return info, read
 
@@ -865,8 +864,10 @@ class RedisStreamBridge:
         entries: ~500 µs of a ~640 µs script). A cluster's client routes `read.lua`.
         """
         if not self._turns.keeps_connections:
-            reply: list[Any] = await self._script("read", keys.both, after, READ_BATCH, resend=True)
-            return parse_read(reply)
+            reply: list[Any] = await self._script(
+                "read", keys.both, after, READ_BATCH + 1, resend=True
+            )
+            return parse_read(reply, after)
         command, replies = _read_transaction(keys, after)
 
         async def run(held: Held) -> list[Any]:
@@ -878,7 +879,7 @@ class RedisStreamBridge:
         info = results[1]
         if isinstance(info, redis_errors.ResponseError) and "no such key" not in str(info):
             raise _unavailable("Redis error", info)  # not a stream: as read.lua would fail
-        return parse_log_read(results[0], info, results[2] if len(results) > 2 else [])
+        return parse_log_read(results[0], info, results[2], after)
 
     async def _refresh(self, feed: RunFeed) -> None:
         """Pull everything new since the feed's head into its window."""
@@ -996,7 +997,6 @@ _INFO_FIELDS: Final = (
     "epoch",
     "lease_until",
 )
-_LAST_ID: Final = "18446744073709551615-18446744073709551615"  # nothing can follow it
 
 
 def _read_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
@@ -1006,9 +1006,8 @@ def _read_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
         pack("HMGET", keys.meta, *_RECORD_FIELDS),
         pack("XINFO", "STREAM", keys.log),
     ]
-    if after != _LAST_ID:  # (XRANGE refuses an exclusive start at the largest id)
-        start = "-" if after == "-" else f"({after}"
-        parts.append(pack("XRANGE", keys.log, start, "+", "COUNT", READ_BATCH))
+    # From the position itself: the read tells whether it is an entry (codec._log_read).
+    parts.append(pack("XRANGE", keys.log, after, "+", "COUNT", READ_BATCH + 1))
     parts.append(pack("EXEC"))
     return b"".join(parts), len(parts)
 
@@ -1023,9 +1022,7 @@ def _open_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
         pack("XINFO", "STREAM", keys.log),
         pack("XREVRANGE", keys.log, "+", "-", "COUNT", 2),
     ]
-    if after != _LAST_ID:
-        start = "-" if after == "-" else f"({after}"
-        parts.append(pack("XRANGE", keys.log, start, "+", "COUNT", READ_BATCH))
+    parts.append(pack("XRANGE", keys.log, after, "+", "COUNT", READ_BATCH + 1))
     parts.append(pack("EXEC"))
     return b"".join(parts), len(parts)
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from ..bridge.rules import Bounds, Entry, LogRead, predecessor
+from ..bridge.rules import READ_BATCH, Bounds, Entry, LogRead, predecessor
 from ..cursor import parse_cursor
 from ..values import End, StreamEvent
 from .keys import FIELD_DATA, FIELD_END, FIELD_ERROR, FIELD_EVENT
@@ -92,7 +92,8 @@ def log_bounds(
     return Bounds(floor=floor, trimmed=trimmed, first=None, last=None)
 
 
-def parse_read(reply: Sequence[Any]) -> LogRead:
+def parse_read(reply: Sequence[Any], after: str) -> LogRead:
+    """`read.lua`'s reply to a read after `after` ("-": from the start)."""
     exists, length, added, max_deleted, last_generated, first, raw, tail = reply[:8]
     status, error, end, last = reply[8:]
     if not exists:
@@ -100,7 +101,7 @@ def parse_read(reply: Sequence[Any]) -> LogRead:
     bounds = log_bounds(
         int(length), int(added), as_text(max_deleted), as_text(last_generated), as_text(first)
     )
-    return _log_read(bounds, raw, tail)
+    return _log_read(bounds, raw, tail, after)
 
 
 def _record_read(status: Any, error: Any, end: Any, last: Any) -> LogRead:
@@ -117,17 +118,27 @@ def _record_read(status: Any, error: Any, end: Any, last: Any) -> LogRead:
     )
 
 
-def _log_read(bounds: Bounds, raw: Sequence[Any], tail: Any) -> LogRead:
-    """A read of an existing log: its bounds, the entries read, its newest entry."""
+def _log_read(bounds: Bounds, raw: Sequence[Any], tail: Any, after: str) -> LogRead:
+    """A read of an existing log: its bounds, the entries after `after`, its newest entry,
+    and whether `after` is one of its entries.
+
+    The reads' XRANGE starts at `after` itself, inclusive, and asks for READ_BATCH + 1
+    entries, so that the read tells whether the position is an entry of the log (the
+    rule in `bridge.rules.unvouched`); it is taken out here, leaving READ_BATCH."""
+    found: bool | None = None
+    if after != "-":
+        found = bool(raw) and as_text(raw[0][0]) == after
+        raw = raw[1:] if found else raw
     return LogRead(
         exists=True,
         bounds=bounds,
-        entries=decode_entries(raw),
+        entries=decode_entries(raw[:READ_BATCH]),
         tail=entry_item(as_text(tail[0]), flatten(tail[1])) if tail else None,
         status="",
         error=None,
         end_id=None,
         last_event=None,
+        found=found,
     )
 
 
@@ -138,11 +149,11 @@ def stream_info(info: Any) -> dict[bytes, Any]:
     return dict(zip(info[::2], info[1::2], strict=False))
 
 
-def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any]) -> LogRead:
+def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any], after: str) -> LogRead:
     """The replies of the bridge's read transaction (`RedisStreamBridge._read`) as the
     same `LogRead` `read.lua` gives: `record` HMGET status err end_id last of the run
     record, `info` XINFO STREAM of the log (an error reply when there is no log), `raw`
-    the XRANGE from the reader's position."""
+    the XRANGE from the reader's position `after`, inclusive (see `_log_read`)."""
     if isinstance(info, Exception):
         return _record_read(*(value or b"" for value in record))
     fields = stream_info(info)
@@ -155,7 +166,7 @@ def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any]) -> LogR
         as_text(fields[b"last-generated-id"]),
         as_text(first[0]) if first else "",
     )
-    return _log_read(bounds, raw, tail)
+    return _log_read(bounds, raw, tail, after)
 
 
 class Push(NamedTuple):

@@ -368,37 +368,46 @@ async def test_zero_cursor_on_small_bridge_before_trimming_replays_everything(
             assert only_end(items).status == "success"
 
 
-async def test_cursor_newer_than_newest_waits_at_the_tail(bridge: StreamBridge) -> None:
+def unknown(cursor: str, first: str | None, last: str | None) -> StreamGap:
+    return StreamGap(cursor, first, last, "unknown_position")
+
+
+async def test_cursor_newer_than_newest_is_a_gap_never_a_wait(bridge: StreamBridge) -> None:
+    """No log hands out an id above its newest: such a cursor was issued by a log that
+    went backwards (a failover, a restart) and is a gap, not a wait at the tail."""
     with anyio.fail_after(TIMEOUT):
-        run_id, claim, ids = await new_run(bridge, 3)
+        run_id, _, ids = await new_run(bridge, 3)
         ms, seq = key(ids[-1])
         cursor = f"{ms}-{seq + 1}"
-        async with subscription(bridge, run_id, cursor, heartbeat_interval=0.2) as it:
-            await wait_heartbeat(it)  # nothing replayed: it waits
-            while time.time() * 1000 <= ms + 2:  # later ids are > cursor whatever the clock
-                await anyio.sleep(0.005)
-            later = (
-                await bridge.publish_many(
-                    run_id, [(TOK, {"i": 3}), (TOK, {"i": 4})], producer_token=claim.token
-                )
-            ).ids
-            expected = [i for i in later if key(i) > key(cursor)]
-            assert expected, (later, cursor)
-            got = [await next_item(it) for _ in expected]
-            assert event_ids(got) == expected
+        assert await read_all(bridge, run_id, cursor) == [unknown(cursor, ids[0], ids[-1])]
 
 
-async def test_cursor_newer_than_newest_of_ended_run_gets_end(bridge: StreamBridge) -> None:
+async def test_cursor_newer_than_newest_of_ended_run_is_a_gap(bridge: StreamBridge) -> None:
     with anyio.fail_after(TIMEOUT):
         run_id, claim, ids = await new_run(bridge, 3)
         end = await bridge.publish_end(run_id, "cancelled", producer_token=claim.token)
         assert end.id is not None
-        far = "99999999999999-0"
-        items = await read_all(bridge, run_id, far)
-        assert only_end(items).status == "cancelled" and not events(items)
-        ms, seq = key(ids[-1])
-        items = await read_all(bridge, run_id, f"{ms}-{seq + 1}")
-        assert only_end(items).status == "cancelled" and not events(items)
+        for cursor in ("99999999999999-0", f"{key(ids[-1])[0]}-{key(ids[-1])[1] + 1}"):
+            if key(cursor) == key(end.id):
+                continue  # (the END's own id is a position of the log)
+            assert await read_all(bridge, run_id, cursor) == [unknown(cursor, ids[0], ids[-1])]
+
+
+async def test_a_cursor_absent_from_the_log_above_its_floor_is_a_gap(bridge: StreamBridge) -> None:
+    """Between two ids of the log, below its first entry (never trimmed): not an id it
+    issued, so nothing vouches for what follows it. 0-0 needs no vouching."""
+    with anyio.fail_after(TIMEOUT):
+        run_id, claim, ids = await new_run(bridge, 3)
+        await bridge.publish_end(run_id, "success", producer_token=claim.token)
+        (ms0, _), (ms1, seq1) = key(ids[0]), key(ids[1])
+        between: str | None = f"{ms1}-{seq1 - 1}" if seq1 > 0 else f"{ms1 - 1}-999"
+        if between is not None and key(between) <= key(ids[0]):
+            between = None  # no id fits between them: the second case still applies
+        below = f"{ms0 - 1}-0"
+        for cursor in filter(None, (between, below)):
+            assert await read_all(bridge, run_id, cursor) == [unknown(cursor, ids[0], ids[-1])]
+        assert event_ids(await read_all(bridge, run_id, "0-0")) == ids
+        assert event_ids(await read_all(bridge, run_id, ids[0])) == ids[1:]
 
 
 MALFORMED_CURSORS = [
@@ -1152,16 +1161,14 @@ async def test_subscribe_batches_gap_is_a_batch_of_its_own(small: StreamBridge) 
 UINT64_MAX_CURSOR = "18446744073709551615-18446744073709551615"
 
 
-async def test_uint64_max_cursor_is_valid_and_newer_than_everything(bridge: StreamBridge) -> None:
+async def test_uint64_max_cursor_is_valid_and_a_gap(bridge: StreamBridge) -> None:
+    """The largest id is a valid cursor (no backend error) that no log issued: a gap."""
     with anyio.fail_after(TIMEOUT):
-        run_id, claim, _ = await new_run(bridge, 2)
-        async with subscription(bridge, run_id, UINT64_MAX_CURSOR, heartbeat_interval=0.2) as it:
-            await wait_heartbeat(it)  # waits at the tail, no backend error
-            await bridge.publish_end(run_id, "success", producer_token=claim.token)
-            items = await drain(it)
-        assert not events(items) and only_end(items).status == "success"
-        items = await read_all(bridge, run_id, UINT64_MAX_CURSOR)
-        assert not events(items) and only_end(items).status == "success"
+        run_id, claim, ids = await new_run(bridge, 2)
+        gap = [unknown(UINT64_MAX_CURSOR, ids[0], ids[-1])]
+        assert await read_all(bridge, run_id, UINT64_MAX_CURSOR) == gap
+        await bridge.publish_end(run_id, "success", producer_token=claim.token)
+        assert await read_all(bridge, run_id, UINT64_MAX_CURSOR) == gap
 
 
 async def test_provider_teardown_completes_when_cancelled(make_bridge: BridgeFactory) -> None:

@@ -256,24 +256,27 @@ async def test_cursor_none_and_zero_replay_everything(client: httpx.AsyncClient)
     assert [f.id for f in zero.events] == ids and zero.frames[-1].event == "end"
 
 
-async def test_cursor_newer_than_newest_gets_end_of_ended_run(client: httpx.AsyncClient) -> None:
+async def test_cursor_newer_than_newest_of_an_ended_run_is_a_gap(
+    client: httpx.AsyncClient,
+) -> None:
     producer, _ = await _ended_run(client, 2)
     result = await read_stream(
         client, f"/v1/runs/{producer.run_id}/stream", headers={"Last-Event-ID": "99999999999999-0"}
     )
-    assert result.events == [] and result.frames[-1].event == "end"
+    assert result.events == [] and result.frames[-1].event == "gap"
+    gap = result.frames[-1].json()
+    assert gap["reason"] == "unknown_position" and gap["requested_event_id"] == "99999999999999-0"
 
 
-async def test_cursor_newer_than_newest_waits_at_tail(client: httpx.AsyncClient) -> None:
+async def test_cursor_newer_than_newest_is_a_gap_not_a_wait(client: httpx.AsyncClient) -> None:
     producer = await ProducerClient.claim(client)
-    await producer.publish(("token", 0))
+    ids = await producer.publish(("token", 0))
     url = f"/v1/runs/{producer.run_id}/stream"
-    async with client.stream("GET", url, headers={"Last-Event-ID": "99999999999999-0"}) as r:
-        frames = iter_frames(r)
-        assert (await anext(frames)).retry is not None
-        await producer.end()
-        rest = [frame async for frame in frames]
-    assert [f.event for f in rest] == ["end"]
+    result = await read_stream(client, url, headers={"Last-Event-ID": "99999999999999-0"})
+    assert result.events == [] and result.frames[-1].event == "gap"
+    gap = result.frames[-1].json()
+    assert (gap["reason"], gap["earliest_available_event_id"]) == ("unknown_position", ids[0])
+    await producer.end()
 
 
 @pytest.mark.gateway_settings(max_events_per_run=3)
