@@ -206,3 +206,26 @@ async def test_the_grace_holds_across_gateways(redis_url: str, key_prefix: str) 
                     result = await read_stream(on_b, f"/v1/runs/{lost.run_id}/stream")
             assert result.terminal is not None
             assert result.terminal.json()["status"] == "producer_lost"
+
+
+@pytest.mark.anyio
+async def test_the_drop_check_waits_for_a_backend_clock_behind_this_process() -> None:
+    """The backend decides by its own clock: one 0.3 s behind this process still counts
+    the cut lease live when the check first looks; the check tries again until the
+    backend ends the run (here the memory bridge, given such a clock; no monitor runs)."""
+    from gateway.bridge.memory import MemoryStreamBridge
+    from gateway.http.streaming.liveness import open_drop_watch
+    from gateway.settings import Settings
+    from gateway.values import End
+
+    bridge = MemoryStreamBridge(Settings(), clock=lambda: time.time() - 0.3)
+    claim = await bridge.claim("behind")
+    await bridge.renew_lease("behind", producer_token=claim.token, stream="m")
+    last = (await bridge.publish("behind", "t", 1, producer_token=claim.token)).ids[-1]
+    with anyio.fail_after(10):
+        async with open_drop_watch(bridge, 0.5) as watch:
+            watch.dropped("behind", claim.token, "m", last)
+            async for item in bridge.subscribe("behind"):
+                if isinstance(item, End):
+                    assert item.status == "producer_lost"
+                    break

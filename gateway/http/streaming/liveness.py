@@ -25,7 +25,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ...bridge.base import StreamBridge
-from ...errors import GatewayError
+from ...errors import GatewayError, ProducerFenced
 from ...sessions.base import SessionStore
 from ..edge.observe import lifecycle
 from ..metrics import Metrics
@@ -88,8 +88,11 @@ async def monitor(
 
 
 # After the cut lease's end, the check waits this much more: the backend's clock and this
-# process's may differ by a few milliseconds (and Redis rounds to them).
+# process's may differ by a few milliseconds (and Redis rounds to them). If the backend
+# still counts the lease live, the check is tried again, later each time (about 3 s in
+# all); then the periodic monitor, and every gateway with readers of the run, remain.
 _CHECK_SLACK = 0.05
+_CHECK_ATTEMPTS = 6
 
 
 class DropWatch:
@@ -127,16 +130,19 @@ class DropWatch:
                 run_id=run_id,
                 grace_seconds=self._grace,
             )
-            while True:
-                await anyio.sleep(max(0.0, ends - time.time()) + _CHECK_SLACK)
+            await anyio.sleep(max(0.0, ends - time.time()) + _CHECK_SLACK)
+            for attempt in range(_CHECK_ATTEMPTS):
                 info = await self._bridge.get_run(run_id)
                 if info is None or info.ended or info.lease_expires_at > ends:
                     return  # ended, or renewed by a write (here or on another gateway)
-                if info.lease_expires_at <= time.time():
+                try:
                     await _recover(self._bridge, run_id, self._metrics)
                     return
-                ends = info.lease_expires_at  # the clocks differ a little: a bit later
-        except GatewayError as exc:  # fenced (renewed meanwhile), closed, unavailable
+                except ProducerFenced:
+                    # The backend still counts the lease live: its clock is behind this
+                    # process's. A little later (the bridge decides by its own clock).
+                    await anyio.sleep(_CHECK_SLACK * 2**attempt)
+        except GatewayError as exc:  # closed, unavailable
             log.debug("dropped stream of run %s: %r", run_id, exc)
         except OSError as exc:
             log.warning("dropped stream of run %s: check failed: %r", run_id, exc)
