@@ -25,6 +25,8 @@ Exception
 │   ├── Forbidden              valid credentials that do not cover this run/session
 │   ├── TooManyStreams         a reader at its share of the open streams, or a key at its
 │   │                          limit of open streamed appends (gateway.http)
+│   ├── Overloaded             streamed appends past the process's budget of bytes received
+│   │                          but not yet appended (gateway.http)
 │   └── RequestRefused         an error answer the producer client has no narrower type
 │                              for (gateway.client.producer)
 ├── HttpError                  an HTTP-level problem with its own status and code, such as
@@ -158,3 +160,11 @@ class TooManyStreams(GatewayError):
     `max_append_streams_per_key` open streamed appends."""
 
     code = "too_many_streams"
+
+
+class Overloaded(GatewayError):
+    """The process's streamed appends hold `max_inflight_append_bytes` received but not
+    yet appended: a stream that needs more is refused (its lines from there on are not
+    appended; the producer sends them again later)."""
+
+    code = "overloaded"

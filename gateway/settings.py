@@ -140,6 +140,9 @@ def _split_commas(value: object) -> object:
 CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_split_commas)]
 # A duration in seconds: positive and finite.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A streamed append's line holds the payload plus its envelope (`{"event": <≤64 chars>,
+# "data": …}`): room for that envelope and some whitespace on top of max_event_bytes.
+STREAM_LINE_ENVELOPE_BYTES: Final = 4096
 
 
 class Settings(BaseSettings):
@@ -178,6 +181,19 @@ class Settings(BaseSettings):
     )
     redis_connect_timeout_seconds: Seconds = Field(
         2.0, description="Connecting to a Redis server gives up after this."
+    )
+    min_replicas_acked: int = Field(
+        0,
+        ge=0,
+        description="A write is acknowledged only once this many Redis replicas confirm "
+        "they hold it (WAIT after each write; 503 if fewer do within "
+        "replica_ack_timeout_seconds); 0: once the primary has it. One Redis server "
+        "(with its replicas) only, not a cluster.",
+    )
+    replica_ack_timeout_seconds: Seconds = Field(
+        1.0,
+        description="How long a write waits for min_replicas_acked replicas before it "
+        "fails 503 (less than redis_command_timeout_seconds).",
     )
     fanout_window_events: int = Field(
         1_024,
@@ -280,7 +296,18 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4_194_304, ge=64, description="Largest request body.")
     max_batch_events: int = Field(1_000, ge=1, description="Most events in one batch.")
     max_append_streams_per_key: int = Field(
-        256, ge=1, description="Open streamed appends (ndjson bodies) per API key, 429 beyond."
+        256,
+        ge=1,
+        description="Open streamed appends (ndjson bodies) per API key in this process, 429 "
+        "beyond.",
+    )
+    max_inflight_append_bytes: int = Field(
+        64 * 1_048_576,
+        ge=1,
+        description="Bytes all streamed appends of this process may hold received but not "
+        "yet appended (at least max_event_bytes + 4 KiB); a stream that needs more ends "
+        "with the error line `overloaded`, one that would start with less than a line's "
+        "worth left is 503.",
     )
 
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
@@ -360,6 +387,16 @@ class Settings(BaseSettings):
         return bool(self.api_keys or self.jwt_secret or self.jwt_app_keys)
 
     @model_validator(mode="after")
+    def _an_append_budget_that_holds_a_line(self) -> Self:
+        line = self.max_event_bytes + STREAM_LINE_ENVELOPE_BYTES
+        if self.max_inflight_append_bytes < line:
+            raise ValueError(
+                f"max_inflight_append_bytes ({self.max_inflight_append_bytes}) must hold "
+                f"one streamed line at least: max_event_bytes + 4096 = {line}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _previous_secrets_need_a_current_one(self) -> Self:
         if self.jwt_previous_secrets and not self.jwt_secret:
             raise ValueError(
@@ -388,6 +425,31 @@ class Settings(BaseSettings):
                 f"{self.host!r}: set --api-keys / --jwt-secret (GATEWAY_API_KEYS / "
                 "GATEWAY_JWT_SECRET), bind to 127.0.0.1, or force it with "
                 "--allow-open-nonloopback"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replica_acks_need_one_redis(self) -> Self:
+        if self.min_replicas_acked == 0:
+            return self
+        asked = f"--min-replicas-acked {self.min_replicas_acked} (GATEWAY_MIN_REPLICAS_ACKED)"
+        if self.redis_url is None:
+            raise ValueError(
+                f"{asked} needs the Redis bridge: set --redis-url (GATEWAY_REDIS_URL); the "
+                "memory bridge has no replicas"
+            )
+        if urlsplit(self.redis_url).scheme.endswith("+cluster"):
+            # WAIT counts the replicas of the connection's own server: on a cluster a
+            # write's shard connection is the cluster client's, not one the bridge keeps.
+            raise ValueError(
+                f"{asked} is not supported on a Redis Cluster (redis+cluster://): use 0, "
+                "or one primary with replicas (Sentinel)"
+            )
+        if self.replica_ack_timeout_seconds >= self.redis_command_timeout_seconds:
+            raise ValueError(
+                f"replica_ack_timeout_seconds ({self.replica_ack_timeout_seconds:g}) must be "
+                "less than redis_command_timeout_seconds "
+                f"({self.redis_command_timeout_seconds:g}), which bounds the whole write"
             )
         return self
 

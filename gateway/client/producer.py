@@ -103,7 +103,9 @@ BUFFERED_SPREAD_SECONDS: Final = 0.25
 # as one batch after a fallback, so they must fit the gateway's body limit (4 MiB).
 STREAM_BYTES: Final = 1024 * 1024
 # Error lines of a streamed append after which the stream is simply opened again.
-_STREAM_RETRY_CODES: Final = frozenset({"backend_unavailable", "bridge_closed", "body_idle"})
+_STREAM_RETRY_CODES: Final = frozenset(
+    {"backend_unavailable", "bridge_closed", "body_idle", "overloaded"}
+)
 
 _ERRORS_BY_CODE: Final[dict[str, type[GatewayError]]] = {
     "fenced": ProducerFenced,

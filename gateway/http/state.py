@@ -29,6 +29,9 @@ class GatewayState:
     drops: DropWatch | None = None
     # open streamed appends per API key (a digest of it), http/routes/append_stream.py
     append_streams: dict[str, int] = field(default_factory=dict)  # by API key (share_key)
+    # bytes all streamed appends hold received but not yet appended (their budget:
+    # `max_inflight_append_bytes`), http/routes/append_stream.py
+    append_bytes: int = 0
 
     @property
     def bridge(self) -> StreamBridge:

@@ -30,6 +30,7 @@ from ...errors import (
     Forbidden,
     GatewayError,
     InvalidInput,
+    Overloaded,
     PayloadTooLarge,
     ProducerFenced,
     RunNotFound,
@@ -134,6 +135,7 @@ RULES: Final[Mapping[type[GatewayError], ErrorRule]] = MappingProxyType(
         Unauthorized: ErrorRule(401, MappingProxyType({"WWW-Authenticate": "Bearer"})),
         Forbidden: ErrorRule(403),
         TooManyStreams: ErrorRule(429, _RETRY_LATER),
+        Overloaded: ErrorRule(503, _RETRY_LATER),  # streamed appends past their byte budget
     }
 )
 

@@ -45,10 +45,12 @@ from ...errors import (
     BodyIdle,
     BridgeClosed,
     GatewayError,
+    Overloaded,
     PayloadTooLarge,
     SequenceRefused,
     TooManyStreams,
 )
+from ...settings import STREAM_LINE_ENVELOPE_BYTES
 from ...timing.send_watch import SendWatch
 from ..edge.errors import HttpError, gateway_error_response, public_detail
 from ..state import GatewayState
@@ -61,7 +63,7 @@ HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
 )
 # A line holds the payload plus its envelope (`{"event": <≤64 chars>, "data": …}`): room
 # for that envelope and some whitespace on top of the payload limit.
-LINE_ENVELOPE_BYTES: Final = 4096
+LINE_ENVELOPE_BYTES: Final = STREAM_LINE_ENVELOPE_BYTES
 
 
 # A checked line: (event name, payload encoded once as values.RawJSON), as
@@ -137,6 +139,8 @@ class AppendStreamResponse(Response):
         settings = state.settings
         self._line_limit = settings.max_event_bytes + LINE_ENVELOPE_BYTES
         self._group_limit = settings.max_batch_events
+        self._budget = settings.max_inflight_append_bytes  # the process's, `_hold`
+        self._held = 0  # bytes of the budget this stream holds (received, not appended)
         self._send_timeout = settings.sse_send_timeout_seconds
         self._idle = settings.lease_seconds
         self._last_write = time.monotonic()
@@ -155,6 +159,10 @@ class AppendStreamResponse(Response):
         state = self._state
         try:
             with stream_slot(state, self._holder):
+                # Not started without room for one largest line in the budget.
+                if state.append_bytes + self._line_limit > self._budget:
+                    await gateway_error_response(self._overloaded())(scope, receive, send)
+                    return
                 try:
                     # the run's current stream: only its drop may cut the lease (`_dropped`)
                     lease = await state.bridge.renew_lease(
@@ -213,6 +221,26 @@ class AppendStreamResponse(Response):
             remove()
             if self._idle_handle is not None:
                 self._idle_handle.cancel()
+            self._release(self._held)
+
+    def _hold(self, size: int) -> bool:
+        """Take `size` bytes of the process's budget for streamed appends, or refuse."""
+        state = self._state
+        if state.append_bytes + size > self._budget:
+            return False
+        state.append_bytes += size
+        self._held += size
+        return True
+
+    def _release(self, size: int) -> None:
+        self._state.append_bytes -= size
+        self._held -= size
+
+    def _overloaded(self) -> Overloaded:
+        return Overloaded(
+            f"the gateway holds {self._budget} bytes of streamed lines not yet appended "
+            "(max_inflight_append_bytes); send the rest again shortly"
+        )
 
     def _drain(self) -> None:
         """The gateway is shutting down: the body is read no further. A wait for the
@@ -244,17 +272,28 @@ class AppendStreamResponse(Response):
         partial = bytearray()
         group: list[_Line] = []
         limit = self._group_limit
+        # (the last chunk, line and payload are let go before waiting for the next chunk:
+        # a stream waiting for its producer holds only its partial line)
+        chunk = line = b""
+        pieces: list[bytes] = []
+        payload: Any = None
         while True:
             if self._draining:
                 return _DRAINED
+            # What this stream holds of the budget: the line still arriving (`partial`).
+            self._release(self._held - len(partial))
+            chunk = line = b""
+            pieces, payload = [], None
             self._receiving_since = self._loop.time()
             message = await receive()
             self._receiving_since = None
             if message["type"] == "http.disconnect":
                 self._body_broke = True  # (a disconnect after the whole body is never read)
                 return _DISCONNECTED
-            chunk: bytes = message.get("body", b"")
+            chunk = message.get("body", b"")
             more = bool(message.get("more_body", False))
+            if not self._hold(len(chunk)):  # the process holds its budget's worth of lines
+                return _Failed(self._overloaded())
             pieces = chunk.split(b"\n")
             if not more and pieces[-1] == b"" and not partial:
                 pieces.pop()
@@ -265,8 +304,12 @@ class AppendStreamResponse(Response):
                     if len(partial) > self._line_limit:
                         failed = _Failed(self._too_large(len(partial)))
                     break
-                line = bytes(partial + piece) if partial else piece
-                partial.clear()
+                if partial:
+                    partial += piece
+                    line = bytes(partial)
+                    partial.clear()
+                else:
+                    line = piece
                 if len(line) > self._line_limit:
                     failed = _Failed(self._too_large(len(line)))
                     break
@@ -281,6 +324,7 @@ class AppendStreamResponse(Response):
                 except (GatewayError, HttpError) as exc:
                     failed = _Failed(exc)
                     break
+                line = b""
                 group.append((name, payload))
                 if len(group) >= limit:
                     failed = await self._commit(group, send)
