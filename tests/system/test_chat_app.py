@@ -379,14 +379,17 @@ async def browser_context() -> AsyncIterator[BrowserContext]:
             await context.close()
 
 
-async def open_chat(context: BrowserContext, app: ChatApp, chat_id: str) -> Page:
+async def open_chat(
+    context: BrowserContext, app: ChatApp, chat_id: str, *, ready: bool = True
+) -> Page:
     page = await context.new_page()
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.errors = errors  # type: ignore[attr-defined]
     await page.goto(app.chat_url(chat_id))
-    await page.wait_for_selector('#status[data-status="ready"]')
+    if ready:  # nothing running to resume: the chat is idle once loaded
+        await page.wait_for_selector('#status[data-status="ready"]')
     return page
 
 
@@ -678,3 +681,47 @@ async def test_a_producer_killed_mid_answer_is_lost_within_seconds(
         assert time.monotonic() - killed < 10
         assert "producer_lost" in (await page.text_content("#error") or "")
         await shot(page, "producer-killed", app_set, chat_app)
+
+
+async def test_a_tab_opened_during_the_answer_resumes_it(
+    app_set: AppSet, chat_app: ChatApp
+) -> None:
+    prompt, chat_id = "join late", "chat-late-tab"
+    async with browser_context() as context:
+        sender = await open_chat(context, chat_app, chat_id)
+        await send(sender, prompt)
+        await sender.wait_for_function(MID_ANSWER, arg=4)
+        # resume on mount: the running turn from its first chunk
+        late = await open_chat(context, chat_app, chat_id, ready=False)
+        for page in (sender, late):
+            listed = await wait_answer(page, answer_text(prompt))
+            run_id = assert_once(listed, prompt, answer_text(prompt))
+        await shot(late, "late-tab", app_set, chat_app)
+    await assert_recorded(chat_app, chat_id, run_id, answer_text(prompt))
+
+
+async def test_a_second_message_after_a_reload(app_set: AppSet, chat_app: ChatApp) -> None:
+    chat_id = "chat-second-after-reload"
+    first, second = "first one", "second one"
+    async with browser_context() as context:
+        page = await open_chat(context, chat_app, chat_id)
+        await send(page, first)
+        await wait_answer(page, answer_text(first))
+        await page.reload()
+        await page.wait_for_selector('#status[data-status="ready"]')
+        await page.wait_for_function("() => document.querySelectorAll('.message').length >= 2")
+        await send(page, second)
+        listed = await wait_answer(page, answer_text(second))
+        assert [(m["role"], m["text"]) for m in listed] == [
+            ("user", first),
+            ("assistant", answer_text(first)),
+            ("user", second),
+            ("assistant", answer_text(second)),
+        ]
+        await shot(page, "second-after-reload", app_set, chat_app)
+    async with gateway_api(chat_app) as api:
+        turns = (await api.get(f"/v1/sessions/{chat_id}/turns")).json()["turns"]
+    assert [(t["state"], t["text"]) for t in turns] == [
+        ("success", answer_text(first)),
+        ("success", answer_text(second)),
+    ]
