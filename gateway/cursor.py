@@ -11,6 +11,10 @@ from typing import Final
 from .errors import InvalidInput
 
 UINT64_MAX: Final = 18446744073709551615
+# A run's ids in epoch e (lua/entry_id.lua: moved on when its writes find another Redis
+# server than before) have a sequence part of at least e * EPOCH_SPAN, so no id of an
+# earlier epoch is ever handed out again.
+EPOCH_SPAN: Final = 2**40
 _DIGITS: Final = frozenset("0123456789")
 _MAX_DIGITS: Final = len(str(UINT64_MAX))
 

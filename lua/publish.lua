@@ -11,7 +11,9 @@
 -- ARGV[4]  the largest notification that carries the events themselves, bytes
 -- ARGV[5]  trim slack: events past ARGV[2] tolerated before trimming (0: always exact)
 -- ARGV[6]  the batch's producer sequence number, "" when unnumbered (see below)
--- ARGV[7..] event name, JSON payload, event name, JSON payload, ...
+-- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown), for
+--          the run's epoch (entry_id.lua)
+-- ARGV[8..] event name, JSON payload, event name, JSON payload, ...
 -- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
 --
 -- A run of a session has a turn record (claim.lua opens it); the events fold into it
@@ -47,12 +49,13 @@
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", end_id_or_""}
 --! include turn_fold
+--! include entry_id
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
   'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base',
-  'seq_cur', 'seq_n', 'floor')
+  'seq_cur', 'seq_n', 'floor', 'srv', 'ep')
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -164,7 +167,7 @@ local function recorded_ids(cur, closed, from, want)
 end
 
 local batch_seq = tonumber(ARGV[6])
-local count = (#ARGV - 6) / 2
+local count = (#ARGV - 7) / 2
 local skip = 0
 local applied = {}
 local s = nil
@@ -203,27 +206,24 @@ if batch_seq then
   end
 end
 
--- No log but the run handed out ids before: it was removed under a live producer.
+-- No log but the run handed out ids before: it was removed under a live producer, and
+-- the new log's ids follow the last one (its floor).
 local floor = nil
-local next_id = '*'
 if not tail and meta[7] then
   floor = meta[7]
-  local ms, seq = string.match(floor, '^(%d+)-(%d+)$')
-  ms, seq = tonumber(ms), tonumber(seq)
-  if now > ms then
-    next_id = string.format('%d-0', now)
-  else
-    next_id = string.format('%d-%d', ms, seq + 1)
-  end
 end
+local epoch, epoch_moved = run_epoch(meta[18], meta[19], ARGV[7])
+local prev = tail and tail[1] or meta[7]
+local in_log = tail ~= nil
 
 local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
 local push = {}
 local push_bytes = 0
 local runs = {}  -- numbered: the new ids as runs of consecutive ones, {ms, part, count}
-for i = 7 + 2 * skip, #ARGV, 2 do
-  local id = redis.call('XADD', KEYS[2], next_id, 'e', ARGV[i], 'd', ARGV[i + 1])
-  next_id = '*'
+for i = 8 + 2 * skip, #ARGV, 2 do
+  local id = redis.call('XADD', KEYS[2], entry_id(epoch, prev, now, in_log), 'e', ARGV[i],
+    'd', ARGV[i + 1])
+  prev, in_log = id, true
   reply[#reply + 1] = id
   if batch_seq then
     local ms, part = id_parts(id)
@@ -309,6 +309,12 @@ if floor then  -- what an overlap's ids are checked against (above)
   record[#record + 1] = 'floor'
   record[#record + 1] = floor
 end
+if epoch_moved then
+  record[#record + 1] = 'srv'
+  record[#record + 1] = ARGV[7]
+  record[#record + 1] = 'ep'
+  record[#record + 1] = string.format('%d', epoch)
+end
 redis.call('HSET', KEYS[1], unpack(record))
 if refresh then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -323,7 +329,7 @@ end
 -- The turn record follows the append in this same step (turn_fold.lua): only the events
 -- appended now (an overlapping numbered batch folded its first `skip` events before).
 if meta[6] and meta[6] ~= '' and KEYS[3] then
-  turn_guarded(turn_fold, KEYS[3], KEYS[4], 7 + 2 * skip, now, ttl, refresh)
+  turn_guarded(turn_fold, KEYS[3], KEYS[4], 8 + 2 * skip, now, ttl, refresh)
 end
 -- Wake the gateways following this run (the channel is the log key's name).
 if tail and #push == count then

@@ -14,6 +14,8 @@
 -- ARGV[4]  "1" to run the legacy END scan, else "0"
 -- ARGV[5]  how long the finished log stays readable, ms
 -- ARGV[6]  TTL of the run record after END, ms
+-- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown), for
+--          the run's epoch (entry_id.lua)
 -- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
 --
 -- Whenever the run settles (an END written, found, or a record marked ended), the turn
@@ -30,11 +32,12 @@
 --                                  the record is marked, no log is created
 --       | {"fenced", "token" | "lease_expired" | "lease_live" | "ended_by_another"}
 --! include turn_fold
+--! include entry_id
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id', 'session',
-  'last', 'end_by', 'remove_at')
+  'last', 'end_by', 'remove_at', 'srv', 'ep')
 local session = meta[5] or ''
 local lease_until = tonumber(meta[2] or '0')
 local exists = redis.call('EXISTS', KEYS[2]) == 1
@@ -112,18 +115,16 @@ if ARGV[4] == '1' and tail then
   end
 end
 
--- A log removed under a live owner is recreated above every id the run handed out.
-local next_id = '*'
+-- A log removed under a live owner is recreated above every id the run handed out; and
+-- an END never takes an id of an earlier epoch (entry_id.lua).
 local floor = nil
 if not tail and meta[6] then
   floor = meta[6]
-  local ms, seq = string.match(floor, '^(%d+)-(%d+)$')
-  ms, seq = tonumber(ms), tonumber(seq)
-  if now > ms then
-    next_id = string.format('%d-0', now)
-  else
-    next_id = string.format('%d-%d', ms, seq + 1)
-  end
+end
+local epoch, epoch_moved = run_epoch(meta[9], meta[10], ARGV[7])
+local next_id = entry_id(epoch, tail and tail[1] or meta[6], now, tail ~= nil)
+if epoch_moved then
+  redis.call('HSET', KEYS[1], 'srv', ARGV[7], 'ep', string.format('%d', epoch))
 end
 local end_id
 if ARGV[3] ~= '' then

@@ -389,21 +389,36 @@ class RedisStreamBridge:
         keys: Sequence[str],
         *args: bytes | str | int,
         resend: bool = False,
+        server_at: int | None = None,
     ) -> Any:
         """Run one of the bridge's scripts. A write is never re-sent after it may have
-        run (`resend=False`, see `_connect`)."""
+        run (`resend=False`, see `_connect`). `server_at`: the index of the argument that
+        is the identity of the server the script runs on, filled in from the connection
+        it goes out on (`Held.server`; "" on a cluster, whose client routes scripts)."""
         script = self._scripts[name]
         if not self._turns.keeps_connections:  # a cluster: its client routes the script
+            if server_at is not None:
+                args = (*args[:server_at], "", *args[server_at + 1 :])
             return await self._call(lambda: script(keys=list(keys), args=list(args)), resend=resend)
 
-        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        fixed = (
+            None if server_at is not None else pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        )
+
+        async def command(held: Held) -> bytes:
+            if fixed is not None:
+                return fixed
+            assert server_at is not None
+            filled = (*args[:server_at], await held.server(), *args[server_at + 1 :])
+            return pack("EVALSHA", script.sha, len(keys), *keys, *filled)
 
         async def run(held: Held) -> Any:
+            packed = await command(held)
             try:
-                return await held.execute(command)
+                return await held.execute(packed)
             except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
                 await held.execute(pack("SCRIPT", "LOAD", script.script))
-                return await held.execute(command)
+                return await held.execute(packed)
 
         async with self._turns.connection() as held:
             return await self._attempts(lambda: run(held), resend)
@@ -649,11 +664,12 @@ class RedisStreamBridge:
             PUSH_BYTES,
             limit // TRIM_SLACK_DIVISOR,
             "" if seq is None else check_seq(seq, len(events)),
+            "",  # the server's identity (filled in by _script, for the run's epoch)
         ]
         for name, payload in rules.encode_batch(events):
             args.append(name)
             args.append(payload)
-        reply = await self._script("publish", keys.writes, *args)
+        reply = await self._script("publish", keys.writes, *args, server_at=6)
         outcome = as_text(reply[0])
         if outcome == "ok" or outcome == "overlap" or outcome == "duplicate":
             # ok: every event appended; overlap (numbered): the first `reply[3]` were
@@ -703,6 +719,8 @@ class RedisStreamBridge:
             "1" if self._settings.legacy_end_scan_enabled else "0",
             ended_ttl,
             max(ended_ttl, self._ttl_ms),
+            "",  # the server's identity (filled in by _script, for the run's epoch)
+            server_at=6,
         )
         if as_text(reply[0]) == "noop":
             return EndResult(id=None, deduplicated=False, applied=False)

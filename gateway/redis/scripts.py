@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from redis.commands.core import AsyncScript
 
+from ..cursor import EPOCH_SPAN
 from ..sequence import MAX_LOOKBACK
 
 _PACKAGED = Path(__file__).resolve().parent.parent / "lua"  # installed wheel
@@ -32,6 +33,7 @@ _CONST = "--! const "
 # fewer fields cost less per field: 32 of 32 events keep 1,024 in ~10 KB.
 SEQ_BUCKET: Final = 32
 CONSTANTS: Final = {
+    "EPOCH_SPAN": EPOCH_SPAN,
     "LOOKBACK": MAX_LOOKBACK,
     "SEQ_BUCKET": SEQ_BUCKET,
     "SEQ_BUCKETS": -(-MAX_LOOKBACK // SEQ_BUCKET),

@@ -332,6 +332,17 @@ class Held:
         if time.monotonic() >= turns._next_check:
             await turns._close_idle()
 
+    async def server(self) -> str:
+        """The identity of the server this turn's connection reaches (`CheckedPool.
+        server_of`), connecting it first if needed, so that a command packed with it next
+        goes to that very server (a connection that connects anew learns its server
+        before anything is sent on it)."""
+        connection = self.connection or await self._turns._checkout(self)
+        if not connection.is_connected:
+            await connection.connect()  # type: ignore[no-untyped-call]
+        server_of = getattr(self._turns._pool, "server_of", None)  # (a CheckedPool's)
+        return "" if server_of is None else str(server_of(connection))
+
     async def execute(self, packed: bytes) -> Any:
         """Send one packed command (`wire.pack`) and return its raw reply (an error
         reply is raised)."""

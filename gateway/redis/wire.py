@@ -8,6 +8,7 @@ is packed once here (`pack`, the same hiredis packer) and sent as it is.
 
 from __future__ import annotations
 
+import re
 import time
 import weakref
 from collections.abc import Iterable
@@ -19,6 +20,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError
 
 from .compat import take_free
+
+_RUN_ID = re.compile(rb"run_id:([0-9a-f]+)")
 
 
 def pack(*args: bytes | str | int | memoryview) -> bytes:
@@ -42,6 +45,12 @@ class CheckedPool(ConnectionPool):
     the ones unused for a while out of it (`take_idle`): the pool opens connections as
     concurrency needs them (redis-py's does), and no longer keeps every one a burst
     opened.
+
+    And which server each connection reached (`server_of`): the server's `run_id`, asked
+    with `INFO server` each time the connection connects (a connect callback, so no
+    command is sent before it is known). A restart and every other server have another,
+    so a write that passes it lets its script tell that the run's last write ran on
+    another server (lua/entry_id.lua).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -49,6 +58,27 @@ class CheckedPool(ConnectionPool):
         self._returned: weakref.WeakKeyDictionary[AbstractConnection, float] = (
             weakref.WeakKeyDictionary()
         )
+        self._servers: weakref.WeakKeyDictionary[AbstractConnection, str] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def make_connection(self) -> AbstractConnection:
+        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]
+        connection.register_connect_callback(self._identify)  # type: ignore[no-untyped-call]
+        return connection
+
+    async def _identify(self, connection: AbstractConnection) -> None:
+        self._servers.pop(connection, None)
+        await connection.send_command("INFO", "server")
+        info = await connection.read_response()
+        found = _RUN_ID.search(info.encode() if isinstance(info, str) else info)
+        if found is not None:
+            self._servers[connection] = found[1].decode()
+
+    def server_of(self, connection: AbstractConnection) -> str:
+        """The run_id of the server `connection` reached when it last connected ("" when
+        it is not connected or the server did not say)."""
+        return self._servers.get(connection, "") if connection.is_connected else ""
 
     async def release(self, connection: AbstractConnection) -> None:
         self._returned[connection] = time.monotonic()

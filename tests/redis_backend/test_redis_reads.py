@@ -282,8 +282,9 @@ async def test_a_cold_resume_of_an_ended_run_is_one_transaction_of_plain_command
     assert got == ids[100:]
     calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
     # What a new pool connection sends once, before its first command, is not the
-    # resume's: redis-py's handshake (HELLO, CLIENT SETINFO where Redis knows it).
-    for handshake in ("hello", "client|setinfo", "config|resetstat"):
+    # resume's: redis-py's handshake (HELLO, CLIENT SETINFO where Redis knows it) and the
+    # bridge's INFO server (which server the connection reached: lua/entry_id.lua).
+    for handshake in ("hello", "client|setinfo", "info", "config|resetstat"):
         calls.pop(handshake, None)
     assert calls == {"multi": 1, "hmget": 1, "xinfo|stream": 1, "xrange": 1, "exec": 1}, calls
 
@@ -315,7 +316,7 @@ async def test_a_cold_sse_resume_costs_one_round_trip_record_bounds_and_entries(
             stats = raw.info("commandstats")
     assert got[: len(ids) - 20] == ids[20:]
     calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
-    for handshake in ("hello", "client|setinfo", "config|resetstat"):
+    for handshake in ("hello", "client|setinfo", "info", "config|resetstat"):
         calls.pop(handshake, None)
     expected = {"multi": 1, "hmget": 1, "xinfo|stream": 1, "xrevrange": 1, "xrange": 1}
     assert calls == {**expected, "exec": 1}, calls
@@ -350,7 +351,7 @@ async def test_a_cold_resume_of_a_live_run_has_its_replay_before_it_subscribes(
             assert [item.id for item in first] == ids[5:]  # type: ignore[union-attr]
             assert subscribers == 0
             calls = {name.removeprefix("cmdstat_") for name in stats}
-            assert calls - {"hello", "client|setinfo", "config|resetstat"} == {
+            assert calls - {"hello", "client|setinfo", "info", "config|resetstat"} == {
                 "multi",
                 "hmget",
                 "xinfo|stream",
