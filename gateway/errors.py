@@ -20,6 +20,7 @@ Exception
 │   ├── BodyIdle               a streamed append's body sent nothing for a whole lease
 │   ├── BridgeClosed           the bridge was closed
 │   ├── BackendUnavailable     Redis unreachable or failing
+│   │   └── NotReplicated      a write fewer replicas confirmed than `min_replicas_acked`
 │   ├── Unauthorized           missing or invalid credentials
 │   │   └── TokenExpired       a subscriber token past its `exp`
 │   ├── Forbidden              valid credentials that do not cover this run/session
@@ -140,6 +141,10 @@ class BridgeClosed(GatewayError):
 
 class BackendUnavailable(GatewayError):
     code = "backend_unavailable"
+
+
+class NotReplicated(BackendUnavailable):
+    """Its text names no server, so clients are told it: why the write is in doubt."""
 
 
 class Unauthorized(GatewayError):

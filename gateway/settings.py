@@ -182,6 +182,19 @@ class Settings(BaseSettings):
     redis_connect_timeout_seconds: Seconds = Field(
         2.0, description="Connecting to a Redis server gives up after this."
     )
+    min_replicas_acked: int = Field(
+        0,
+        ge=0,
+        description="A write is acknowledged only once this many Redis replicas confirm "
+        "they hold it (WAIT after each write; 503 if fewer do within "
+        "replica_ack_timeout_seconds); 0: once the primary has it. One Redis server "
+        "(with its replicas) only, not a cluster.",
+    )
+    replica_ack_timeout_seconds: Seconds = Field(
+        1.0,
+        description="How long a write waits for min_replicas_acked replicas before it "
+        "fails 503 (less than redis_command_timeout_seconds).",
+    )
     fanout_window_events: int = Field(
         1_024,
         ge=16,
@@ -412,6 +425,31 @@ class Settings(BaseSettings):
                 f"{self.host!r}: set --api-keys / --jwt-secret (GATEWAY_API_KEYS / "
                 "GATEWAY_JWT_SECRET), bind to 127.0.0.1, or force it with "
                 "--allow-open-nonloopback"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replica_acks_need_one_redis(self) -> Self:
+        if self.min_replicas_acked == 0:
+            return self
+        asked = f"--min-replicas-acked {self.min_replicas_acked} (GATEWAY_MIN_REPLICAS_ACKED)"
+        if self.redis_url is None:
+            raise ValueError(
+                f"{asked} needs the Redis bridge: set --redis-url (GATEWAY_REDIS_URL); the "
+                "memory bridge has no replicas"
+            )
+        if urlsplit(self.redis_url).scheme.endswith("+cluster"):
+            # WAIT counts the replicas of the connection's own server: on a cluster a
+            # write's shard connection is the cluster client's, not one the bridge keeps.
+            raise ValueError(
+                f"{asked} is not supported on a Redis Cluster (redis+cluster://): use 0, "
+                "or one primary with replicas (Sentinel)"
+            )
+        if self.replica_ack_timeout_seconds >= self.redis_command_timeout_seconds:
+            raise ValueError(
+                f"replica_ack_timeout_seconds ({self.replica_ack_timeout_seconds:g}) must be "
+                "less than redis_command_timeout_seconds "
+                f"({self.redis_command_timeout_seconds:g}), which bounds the whole write"
             )
         return self
 

@@ -20,6 +20,7 @@ FIELDS = dict(Settings.model_fields)
 COMPANIONS: dict[str, dict[str, str]] = {
     "workers": {"GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"},
     "jwt_previous_secrets": {"GATEWAY_JWT_SECRET": "s" * 40},
+    "min_replicas_acked": {"GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"},
 }
 
 

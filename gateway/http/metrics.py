@@ -50,11 +50,16 @@ class _BridgeCollector(Collector):
         self._bridge = bridge
 
     def collect(self) -> Iterator[Metric]:
-        reconnects = getattr(self._bridge(), "notifier_reconnects", 0)
+        bridge = self._bridge()
+        reconnects = getattr(bridge, "notifier_reconnects", 0)
+        unreplicated = getattr(bridge, "replica_ack_failures", 0)
         yield self._family(reconnects if isinstance(reconnects, int) else 0)
+        yield self._unreplicated(unreplicated if isinstance(unreplicated, int) else 0)
 
     def describe(self) -> Iterator[Metric]:
-        yield self._family(0)  # names only: called at registration, before any bridge
+        # names only: called at registration, before any bridge
+        yield self._family(0)
+        yield self._unreplicated(0)
 
     @staticmethod
     def _family(reconnects: int) -> Metric:
@@ -63,6 +68,15 @@ class _BridgeCollector(Collector):
             "Times the Redis bridge's pub/sub (change notification) connection was "
             "re-established after it failed.",
             value=reconnects,
+        )
+
+    @staticmethod
+    def _unreplicated(failures: int) -> Metric:
+        return CounterMetricFamily(
+            "gateway_redis_unreplicated_writes",
+            "Writes answered 503 because fewer than min_replicas_acked Redis replicas "
+            "confirmed them within replica_ack_timeout_seconds.",
+            value=failures,
         )
 
 

@@ -30,6 +30,7 @@ from ...errors import (
     Forbidden,
     GatewayError,
     InvalidInput,
+    NotReplicated,
     Overloaded,
     PayloadTooLarge,
     ProducerFenced,
@@ -160,6 +161,8 @@ BACKEND_UNAVAILABLE_DETAIL: Final = "the backend is unavailable; retry shortly"
 
 def public_detail(exc: Exception) -> str:
     """The `detail` a client may see for `exc`."""
+    if isinstance(exc, NotReplicated):  # (it names no server)
+        return str(exc)
     if isinstance(exc, BackendUnavailable | OSError):
         return BACKEND_UNAVAILABLE_DETAIL
     if isinstance(exc, GatewayError):
