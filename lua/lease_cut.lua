@@ -3,8 +3,8 @@
 -- path ends the run producer_lost then unless the producer writes again first (any
 -- append or lease renewal, on any gateway, renews the whole lease). Only the stream
 -- that dropped may cut: a reconnect of the same producer that already renewed under a
--- new stream mark (renew_lease.lua ARGV[4]), renewed its lease by `POST …/lease` (which
--- clears the mark) or appended since (`last` moved) is left alone.
+-- new stream mark (renew_lease.lua ARGV[4]), renewed its lease by `POST …/lease` after
+-- the drop, or appended since (`last` moved) is left alone.
 --
 -- KEYS[1]  run meta hash
 -- ARGV[1]  producer token
@@ -12,11 +12,14 @@
 -- ARGV[3]  grace, ms
 -- ARGV[4]  the id of the last event that stream appended ("" for none): an append since
 --          (a batch of the same producer, or another stream) keeps the lease
+-- ARGV[5]  how long ago the gateway saw the drop, ms: a renewal since (`renewed`, by
+--          this server's clock; only durations cross the wire) keeps the lease
 --
 -- Returns the lease's end (ms, as a string) when this stream's lease is now cut (or was
 -- already shorter), 0 when it is not this stream's to cut (another token or stream, a
 -- write since, or the run has ended).
-local meta = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'stream', 'last')
+local meta = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'stream', 'last',
+  'renewed')
 if not meta[1] or meta[1] ~= ARGV[1] or meta[4] ~= ARGV[2] then
   return 0
 end
@@ -28,6 +31,9 @@ if meta[2] and meta[2] ~= 'running' then
 end
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+if tonumber(meta[6] or '0') > now - tonumber(ARGV[5]) then
+  return 0
+end
 local lease_until = math.min(tonumber(meta[3] or '0'), now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', lease_until))
 return string.format('%d', lease_until)

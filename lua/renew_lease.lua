@@ -4,9 +4,9 @@
 -- ARGV[1]  producer token
 -- ARGV[2]  lease length, ms; "" keeps the length the lease was claimed for
 -- ARGV[3]  rolling TTL of the run's keys, ms
--- ARGV[4]  the mark of the streamed append renewing ("" for none: a renewal from
---          elsewhere, which clears it): the run's current stream, the only one whose
---          drop may cut the lease (lease_cut.lua)
+-- ARGV[4]  the mark of the streamed append renewing: the run's current stream, the
+--          only one whose drop may cut the lease (lease_cut.lua); "" for a renewal from
+--          elsewhere (`POST …/lease`), whose time is noted instead (`renewed`)
 --
 -- Returns {"ok", lease_until_ms, cancel_requested (0|1)}
 --       | {"fenced", "token" | "lease_expired"}
@@ -35,8 +35,8 @@ local new_until = now + tonumber(lease_ms)
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', new_until), 'lease_ms', lease_ms)
 if ARGV[4] and ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'stream', ARGV[4])
-else  -- a renewal from elsewhere: no earlier stream's drop may cut this lease
-  redis.call('HDEL', KEYS[1], 'stream')
+else  -- a renewal from elsewhere: a drop seen before it cuts nothing (lease_cut.lua)
+  redis.call('HSET', KEYS[1], 'renewed', string.format('%d', now))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])

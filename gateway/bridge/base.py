@@ -63,7 +63,8 @@ class StreamBridge(Protocol):
         """Extend the lease without writing. Raises ProducerFenced, StreamEnded.
 
         `stream`: the mark of a streamed append renewing; it becomes the run's current
-        stream, the only one whose drop may `cut_lease` (a renewal without one clears it).
+        stream, the only one whose drop may `cut_lease`. A renewal without one (`POST
+        …/lease`) is noted: a drop seen before it cuts nothing.
         """
         ...
 
@@ -75,16 +76,17 @@ class StreamBridge(Protocol):
         stream: str,
         grace: float,
         last_id: str | None = None,
+        dropped_ago: float = 0.0,
     ) -> float | None:
-        """A streamed append's connection dropped: cut its producer's lease to end
-        `grace` seconds from now (never lengthened), so the liveness path ends the run
-        `producer_lost` then unless the producer writes again (any write renews the whole
-        lease). Only the run's current stream (`renew_lease(stream=...)`) of that token
-        may cut, and only if nothing was appended after `last_id` (the last event that
-        stream appended; None: not checked) and no renewal came from elsewhere meanwhile
-        (`renew_lease` without `stream` clears the mark): a producer already back keeps
-        its lease however quickly it came back. Returns when the lease now ends (unix
-        seconds), or None when it was not this stream's to cut."""
+        """A streamed append's connection dropped (`dropped_ago` seconds ago): cut its
+        producer's lease to end `grace` seconds from now (never lengthened), so the
+        liveness path ends the run `producer_lost` then unless the producer writes again
+        (any write renews the whole lease). Only the run's current stream
+        (`renew_lease(stream=...)`) of that token may cut, and only if nothing was
+        appended after `last_id` (the last event that stream appended; None: not
+        checked) and the lease was not renewed from elsewhere since the drop: a producer
+        already back keeps its lease however quickly it came back. Returns when the lease
+        now ends (unix seconds), or None when it was not this stream's to cut."""
         ...
 
     async def publish(

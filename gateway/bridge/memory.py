@@ -133,6 +133,7 @@ class _Run:
     deadline: float = 0.0  # loop time at which the whole run expires
     turn_key: tuple[str, str] | None = None  # (session, idempotency key) it holds
     stream: str | None = None  # the mark of its current streamed append (cut_lease)
+    renewed_at: float = 0.0  # the latest renewal without a mark (`POST …/lease`), clock time
     expiry: asyncio.TimerHandle | None = None
 
 
@@ -247,8 +248,11 @@ class MemoryStreamBridge:
         run = self._owned(run_id, producer_token)
         if lease_seconds is not None:
             run.lease_seconds = self._lease(lease_seconds)
-        run.stream = stream  # a renewal from elsewhere (`POST …/lease`) clears it
         now = self._clock()
+        if stream:
+            run.stream = stream
+        else:  # a renewal from elsewhere: a drop seen before it cuts nothing (cut_lease)
+            run.renewed_at = now
         run.lease_expires_at = now + run.lease_seconds
         run.updated_at = now
         self._touch(run, self._settings.stream_ttl_seconds)
@@ -262,6 +266,7 @@ class MemoryStreamBridge:
         stream: str,
         grace: float,
         last_id: str | None = None,
+        dropped_ago: float = 0.0,
     ) -> float | None:
         self._check_open()
         run = self._runs.get(check_run_id(run_id))
@@ -273,7 +278,10 @@ class MemoryStreamBridge:
             run.last_event is None or format_key(run.last_event) != last_id
         ):
             return None  # appended since: the producer is back
-        run.lease_expires_at = min(run.lease_expires_at, self._clock() + grace)
+        now = self._clock()
+        if run.renewed_at > now - dropped_ago:
+            return None  # renewed since the drop: the producer is back
+        run.lease_expires_at = min(run.lease_expires_at, now + grace)
         return run.lease_expires_at
 
     async def publish(

@@ -628,6 +628,7 @@ class RedisStreamBridge:
         stream: str,
         grace: float,
         last_id: str | None = None,
+        dropped_ago: float = 0.0,
     ) -> float | None:
         keys = self._keys(run_id)
         # Never shorter than a millisecond: 0 is the script's "not yours".
@@ -638,6 +639,7 @@ class RedisStreamBridge:
             stream,
             max(1, ceil_ms(grace)),
             last_id or "",
+            max(0, int(dropped_ago * 1000)),
         )
         ends_ms = int(reply)
         return ends_ms / 1000 if ends_ms > 0 else None

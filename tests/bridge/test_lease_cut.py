@@ -52,8 +52,9 @@ async def test_only_the_current_stream_cuts_and_any_write_renews(
 
 
 async def test_a_producer_already_back_keeps_its_lease(make_bridge: BridgeFactory) -> None:
-    """A drop noticed late: the producer appended (a batch) or renewed its lease from
-    elsewhere since the stream's last append. The late cut changes nothing."""
+    """A drop noticed late: the producer appended (a batch) since the stream's last
+    append, or renewed its lease from elsewhere since the drop. The late cut changes
+    nothing; a renewal before the drop does not save the run."""
     async with make_bridge(lease_seconds=30) as bridge:
         with anyio.fail_after(10):
             run_id = f"run-{uuid4().hex[:10]}"
@@ -65,14 +66,17 @@ async def test_a_producer_already_back_keeps_its_lease(make_bridge: BridgeFactor
             assert await cut is None
             await bridge.renew_lease(run_id, producer_token=token, stream="s2")
             last = (await bridge.publish(run_id, "t", 3, producer_token=token)).ids[-1]
-            await bridge.renew_lease(run_id, producer_token=token)  # POST …/lease: clears
-            cut = bridge.cut_lease(run_id, producer_token=token, stream="s2", grace=1, last_id=last)
+            await bridge.renew_lease(run_id, producer_token=token)  # POST …/lease
+            cut = bridge.cut_lease(  # the drop was seen a second ago: the renewal came after
+                run_id, producer_token=token, stream="s2", grace=1, last_id=last, dropped_ago=1.0
+            )
             assert await cut is None
             info = await bridge.get_run(run_id)
             assert info is not None and info.lease_expires_at > time.time() + 20
-            # nothing since: cut
+            # nothing since the drop (a renewal while the stream was open is before it): cut
             await bridge.renew_lease(run_id, producer_token=token, stream="s3")
             last = (await bridge.publish(run_id, "t", 4, producer_token=token)).ids[-1]
+            await bridge.renew_lease(run_id, producer_token=token)
             cut = bridge.cut_lease(run_id, producer_token=token, stream="s3", grace=1, last_id=last)
             ends = await cut
             assert ends is not None and ends < time.time() + 2

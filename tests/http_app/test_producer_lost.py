@@ -7,6 +7,7 @@ by closing the socket without the body's last chunk, as a crashed process leaves
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -81,6 +82,20 @@ async def streamed(base_url: str, producer: ProducerClient, n: int) -> None:
         assert len((await append.ack())["ids"]) == 1
 
 
+async def cut_seen(server: RunningServer, run_id: str) -> None:
+    """Until the gateway has cut the run's lease (it ends within the grace)."""
+
+    async def cut() -> None:
+        while True:
+            info = await server.state.bridge.get_run(run_id)
+            assert info is not None
+            if info.lease_expires_at < time.time() + GRACE + 1:
+                return
+            await asyncio.sleep(0.01)
+
+    await anyio.to_thread.run_sync(server.call, cut)
+
+
 async def run_of(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
     reply: dict[str, Any] = (await client.get(f"/v1/runs/{run_id}")).json()
     return reply
@@ -153,9 +168,10 @@ async def test_what_keeps_a_run_after_a_drop(
         run = await run_of(client, producer.run_id)
         assert run["status"] == "running"
         await producer.end()
-    # 4. A lease renewal within the grace keeps it too; then silence ends it.
+    # 4. A lease renewal within the grace keeps it too (one after the cut: see it cut).
     fourth = await ProducerClient.claim(client)
     await streamed(base, fourth, 1)
+    await cut_seen(gateway_server, fourth.run_id)
     renewed = await client.post(
         f"/v1/runs/{fourth.run_id}/lease", json={}, headers={"X-Producer-Token": fourth.token}
     )
@@ -164,9 +180,17 @@ async def test_what_keeps_a_run_after_a_drop(
     await anyio.sleep(GRACE * 2.5)
     assert (await run_of(client, fourth.run_id))["status"] == "running"
     await fourth.end()
-    # And one left alone is lost after the grace.
+    # And one left alone is lost after the grace, even if it renewed its lease while its
+    # stream was open (as a producer does while its model pauses).
     fifth = await ProducerClient.claim(client)
-    await streamed(base, fifth, 1)
+    async with raw_append(base, fifth) as append:
+        await append.send(line(1))
+        assert len((await append.ack())["ids"]) == 1
+        renewed = await client.post(
+            f"/v1/runs/{fifth.run_id}/lease", json={}, headers={"X-Producer-Token": fifth.token}
+        )
+        assert renewed.status_code == 200
+        await anyio.sleep(0.2)  # the model pauses a while longer, then the process dies
     with anyio.fail_after(GRACE + 5):
         result = await read_stream(client, f"/v1/runs/{fifth.run_id}/stream")
     assert result.terminal is not None and result.terminal.json()["status"] == "producer_lost"

@@ -93,6 +93,9 @@ async def monitor(
 # all); then the periodic monitor, and every gateway with readers of the run, remain.
 _CHECK_SLACK = 0.05
 _CHECK_ATTEMPTS = 6
+# A renewal this much before this process saw the drop counts as after it: the producer
+# may learn of the broken connection (and renew elsewhere) a moment before we do.
+_DROP_TOLERANCE = 0.05
 
 
 class DropWatch:
@@ -115,12 +118,20 @@ class DropWatch:
     def dropped(self, run_id: str, token: str, stream: str, last_id: str | None) -> None:
         """The connection of streamed append `stream` (of `token`) broke mid-body;
         `last_id`: the last event it appended (a write since keeps the lease)."""
-        self._tg.start_soon(self._follow, run_id, token, stream, last_id)
+        self._tg.start_soon(self._follow, run_id, token, stream, last_id, time.monotonic())
 
-    async def _follow(self, run_id: str, token: str, stream: str, last_id: str | None) -> None:
+    async def _follow(
+        self, run_id: str, token: str, stream: str, last_id: str | None, seen: float
+    ) -> None:
         try:
             ends = await self._bridge.cut_lease(
-                run_id, producer_token=token, stream=stream, grace=self._grace, last_id=last_id
+                run_id,
+                producer_token=token,
+                stream=stream,
+                grace=self._grace,
+                last_id=last_id,
+                # a renewal after the drop keeps the lease (only a duration crosses over)
+                dropped_ago=time.monotonic() - seen + _DROP_TOLERANCE,
             )
             if ends is None:  # already ended, or the producer is back with a new stream
                 return
