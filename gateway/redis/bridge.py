@@ -52,6 +52,7 @@ from ..errors import (
     BridgeClosed,
     GatewayError,
     InvalidInput,
+    NotReplicated,
     ProducerFenced,
     RunOwned,
     SequenceGap,
@@ -116,6 +117,9 @@ _REFUSED_ERRORS: Final = (
     redis_errors.SlotNotCoveredError,
     redis_errors.TryAgainError,
 )
+# Scripts not followed by `WAIT` under `min_replicas_acked`: the readers' script, and
+# the session hints, whose failure is only logged (no reply reports them).
+_UNACKNOWLEDGED: Final = frozenset({"read", "session_touch", "session_index"})
 # Bridge-level retries of one operation (and the first backoff, doubled each time).
 RETRIES: Final = 4
 RETRY_BACKOFF: Final = 0.05
@@ -277,6 +281,18 @@ class RedisStreamBridge:
         }
         # Plain counters for the HTTP layer's metrics (the bridge imports no metrics code).
         self.notifier_reconnects = 0
+        self.replica_ack_failures = 0  # writes refused: too few replicas confirmed them
+        # `WAIT` sent right behind each write when replicas must confirm it (settings
+        # refuse it on a cluster, whose scripts go through its client: no kept connection).
+        self._wait_ms = ceil_ms(settings.replica_ack_timeout_seconds)
+        self._wait = b""
+        if settings.min_replicas_acked:
+            # `WAIT` waits for the connection's last write to be replicated: a reply that
+            # wrote nothing (an END repeated after a 503, a refusal) would wait for
+            # nothing. A `PUBLISH` (on one server always replicated, received by nobody)
+            # marks the replication stream's current end as this connection's last write.
+            mark = pack("PUBLISH", f"{self._prefix}replicated", "")
+            self._wait = mark + pack("WAIT", settings.min_replicas_acked, self._wait_ms)
         self._notifier = Notifier(
             _notification_router(commands, settings),
             # Never more than retention: whatever a reader takes from the window is
@@ -412,6 +428,9 @@ class RedisStreamBridge:
             filled = (*args[:server_at], await held.server(), *args[server_at + 1 :])
             return pack("EVALSHA", script.sha, len(keys), *keys, *filled)
 
+        if self._wait and name not in _UNACKNOWLEDGED:
+            return await self._replicated(script, command, resend)
+
         async def run(held: Held) -> Any:
             packed = await command(held)
             try:
@@ -419,6 +438,35 @@ class RedisStreamBridge:
             except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
                 await held.execute(pack("SCRIPT", "LOAD", script.script))
                 return await held.execute(packed)
+
+        async with self._turns.connection() as held:
+            return await self._attempts(lambda: run(held), resend)
+
+    async def _replicated(
+        self, script: AsyncScript, command: Callable[[Held], Awaitable[bytes]], resend: bool
+    ) -> Any:
+        """A write script followed on its own connection by `WAIT`, in the same round
+        trip: `WAIT` counts the replicas holding everything written before it (the
+        mark's doing, see `__init__`), so the reply comes once `min_replicas_acked` hold
+        the write, or BackendUnavailable (it is then not acknowledged: it may or may
+        not survive a failover)."""
+
+        async def run(held: Held) -> Any:
+            calls = (await command(held), self._wait)
+            try:
+                reply, _, replicas = await held.execute_many(calls, 3)
+            except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
+                await held.execute(pack("SCRIPT", "LOAD", script.script))
+                reply, _, replicas = await held.execute_many(calls, 3)
+            asked = self._settings.min_replicas_acked
+            if int(replicas) < asked:
+                self.replica_ack_failures += 1
+                raise NotReplicated(
+                    f"the write reached {int(replicas)} of the {asked} Redis replicas asked "
+                    f"for within {self._wait_ms} ms, so it is not acknowledged (it may or "
+                    "may not survive a failover)"
+                )
+            return reply
 
         async with self._turns.connection() as held:
             return await self._attempts(lambda: run(held), resend)

@@ -35,6 +35,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -351,9 +352,10 @@ class Held:
         await connection.send_packed_command(packed, check_health=False)
         return await connection.read_response()
 
-    async def execute_many(self, packed: bytes, replies: int) -> list[Any]:
+    async def execute_many(self, packed: bytes | Sequence[bytes], replies: int) -> list[Any]:
         """Send several packed commands at once (one round trip: a `MULTI` ... `EXEC`
-        transaction) and return their `replies` raw replies. Every reply is read even when
+        transaction, a script and its `WAIT`; several pieces go out in one write, not
+        joined first) and return their `replies` raw replies. Every reply is read even when
         one is an error (raised then, after the last), so none is left on the connection
         for the next command."""
         connection = self.connection or await self._turns._checkout(self)
