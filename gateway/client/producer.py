@@ -36,7 +36,9 @@ exception's message reaches every reader of the run only with
 
 Errors are the gateway's own types (`gateway.errors`): `ProducerFenced` when another
 producer took the run over, `StreamEnded` when it has ended, `RunOwned` on a claim of a
-run with a live lease, `BackendUnavailable` when retries ran out, `InvalidInput` /
+run with a live lease, `TurnExists` (its `run_id`: follow that run) on a claim whose
+`idempotency_key` already started a turn of the session, `BackendUnavailable` when
+retries ran out, `InvalidInput` /
 `PayloadTooLarge` for what the gateway refused. A failure of a background request
 cancels the block and is raised where the block ends.
 """
@@ -79,6 +81,7 @@ from ..errors import (
     SequenceGap,
     StreamEnded,
     TokenExpired,
+    TurnExists,
     Unauthorized,
 )
 from ..names import check_event_name, check_run_id, check_session_id
@@ -177,6 +180,8 @@ def _error_of_body(status: int, code: str, detail: str, body: dict[str, Any]) ->
         return SequenceGap(detail, int(body.get("expected_seq", 0)))
     if code == "sequence_conflict":
         return SequenceConflict(detail, int(body.get("expected_seq", 0)))
+    if code == "turn_exists":
+        return TurnExists(str(body.get("run_id", "")))
     kind = _ERRORS_BY_CODE.get(code)
     if kind is not None:
         return kind(detail or code)
@@ -208,6 +213,7 @@ class Producer:
         lease_seconds: float | None = None,
         input_message: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
         cancel_on_request: bool = True,
         cancelled_status: EndStatus = "cancelled",
         batch_window: float = 0.02,
@@ -232,6 +238,8 @@ class Producer:
             ("lease_seconds", lease_seconds),
             ("input_message", input_message),
             ("metadata", metadata),
+            # a second claim with it gets TurnExists (a retry of ours is a takeover: goes on)
+            ("idempotency_key", idempotency_key),
         ):
             if value is not None:
                 self._claim_body[key] = value

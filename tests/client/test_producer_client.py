@@ -19,6 +19,7 @@ from gateway.errors import (
     ProducerFenced,
     RunOwned,
     StreamEnded,
+    TurnExists,
 )
 from tests.support import http_server
 from tests.support.fault_relay import Fault, FaultRelay
@@ -322,3 +323,26 @@ async def test_503s_from_a_gateway_whose_redis_replies_are_lost_are_retried_exac
     assert relay.cut >= 3, relay.cut
     assert run.retries >= 3
     assert numbers(result) == list(range(60)) and end_status(result) == "success"
+
+
+async def test_a_second_producer_with_the_key_gets_the_turn_already_running(
+    gateway_server: RunningServer,
+) -> None:
+    url = gateway_server.base_url
+    async with Producer(url, session_id="tab", idempotency_key="msg-1") as first:
+        with pytest.raises(TurnExists) as told:
+            async with Producer(url, session_id="tab", idempotency_key="msg-1"):
+                raise AssertionError("started a second turn")
+        assert told.value.run_id == first.run_id
+        await first.send("token", {"n": 0})
+
+
+async def test_a_keyed_claim_whose_reply_was_lost_goes_on(
+    relay: FaultRelay, client: httpx.AsyncClient
+) -> None:
+    relay.plan = lambda n: Fault.DROP_REPLY if n == 0 else Fault.PASS
+    async with Producer(relay.url, session_id="s", idempotency_key="k") as run:
+        await run.send("token", {"n": 0})
+    assert run.epoch == 2 and relay.cut == 1  # the retry took its own turn back
+    result = await stream_of(client, run.run_id)
+    assert numbers(result) == [0] and end_status(result) == "success"
