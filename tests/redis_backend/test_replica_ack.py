@@ -19,6 +19,7 @@ from gateway.errors import BackendUnavailable
 from gateway.redis.bridge import RedisStreamBridge
 from gateway.redis.keys import run_keys
 from gateway.settings import Settings
+from tests.http_app.test_http_append_stream import Duplex, line
 from tests.support.http_server import ProducerClient, serve
 from tests.support.redis_servers import RedisServer
 from tests.support.replication import detach, promote, start_replica, stopped, wait_in_sync
@@ -184,6 +185,36 @@ async def test_http_publish_503_names_the_replicas(
             assert "reached 0 of the 1 Redis replicas" in body["detail"], body
             metrics = (await client.get("/metrics")).text
             assert "gateway_redis_unreplicated_writes_total 1.0" in metrics
+
+
+async def test_a_streamed_append_acks_only_replicated_lines(
+    pair: tuple[RedisServer, RedisServer], key_prefix: str
+) -> None:
+    """Each ack line comes once the replica holds its lines; a group no replica confirms
+    ends the stream with the error line, and the resent line is answered once it is."""
+    master, replica = pair
+    with serve(acked(master.url, key_prefix), "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
+            producer = await ProducerClient.claim(client)
+            run = producer.run_id
+            async with Duplex(srv, producer, seq=1) as duplex:
+                duplex.send(line(1))
+                first = await duplex.reply()
+                assert first["ids"][0] in logged(replica, key_prefix, run)
+                with stopped(replica):
+                    duplex.send(line(2))
+                    failed = await duplex.reply()
+                duplex.close_body()
+            assert failed["error"] == "backend_unavailable", failed
+            assert "reached 0 of the 1 Redis replicas" in failed["detail"]
+            assert failed["applied"] == 1
+            wait_in_sync(master, replica)
+            async with Duplex(srv, producer, seq=2) as duplex:  # resent from the first unacked
+                duplex.send(line(2))
+                again = await duplex.reply()
+                duplex.close_body()
+                assert (await duplex.reply())["done"] is True
+            assert logged(replica, key_prefix, run)[1:] == again["ids"]
 
 
 def test_the_setting_is_refused_without_one_redis_server() -> None:
