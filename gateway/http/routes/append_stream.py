@@ -82,9 +82,13 @@ _DRAINED: Final = _Failed(BridgeClosed("(draining)"))  # (replaced before it is 
 
 @dataclass(slots=True)
 class _Tally:
-    """What this request has acknowledged (the `done` and error lines report it)."""
+    """What this request has acknowledged (the `done` and error lines report it): `count`
+    lines acknowledged (an error line's `applied`), `appended` of them appended by this
+    request (the `done` line's `count`: a resent line applied before is acknowledged again,
+    not appended again)."""
 
     count: int = 0
+    appended: int = 0
     last_id: str | None = None
     next_seq: int | None = None
 
@@ -214,7 +218,7 @@ class AppendStreamResponse(Response):
                     last = self._error_line(ended.error)
                 else:
                     tally = self._tally
-                    done = {"done": True, "count": tally.count, "last_id": tally.last_id}
+                    done = {"done": True, "count": tally.appended, "last_id": tally.last_id}
                     last = orjson.dumps(done) + b"\n"
                 await self._send(send, last, more=False)
         finally:
@@ -378,6 +382,7 @@ class AppendStreamResponse(Response):
             return _Failed(exc)
         self._last_write = time.monotonic()
         tally.count += len(result.ids)
+        tally.appended += result.appended
         tally.last_id = result.ids[-1]
         ack: dict[str, Any] = {"ids": list(result.ids)}
         if tally.next_seq is not None:
