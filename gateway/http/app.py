@@ -2,8 +2,10 @@
 
 The lifespan opens the bridge with `open_bridge(settings)` unless one is passed in
 (then the caller owns and closes it), and owns one anyio task group for background
-work (the producer-liveness monitor). On exit it drains open SSE responses and waits,
-then cancels the task group; bridge teardown is shielded inside the provider.
+work (the producer-liveness monitor), and the `DropWatch` (`liveness.open_drop_watch`,
+its own task group: the checks of dropped streamed appends), closed before the bridge.
+On exit it drains open SSE responses and waits, then cancels the task group; bridge
+teardown is shielded inside the provider.
 
 `app.state.gateway` is the `GatewayState` (bridge, settings, subscription registry,
 metrics, authenticator). `RequestLogMiddleware` (`observe.py`) wraps every route on the
