@@ -560,11 +560,12 @@ class RedisStreamBridge:
                 message = shape_input_message(input_message)
                 shaped = b"" if message is None else encode_json(message)
         token = secrets.token_urlsafe(18)
+        lease_ms = self._lease_ms(lease_seconds)
         reply = await self._script(
             "claim",
             keys.writes,
             token,
-            self._lease_ms(lease_seconds),
+            lease_ms,
             "1" if takeover else "0",
             session_id or "",
             self._ttl_ms,
@@ -586,7 +587,9 @@ class RedisStreamBridge:
             session_id=session,
             token=token,
             epoch=int(reply[1]),
-            lease_expires_at=int(reply[2]) / 1000,
+            # In the gateway's clock (the lease's length from now), not Redis' `lease_until`:
+            # the two clocks are never compared.
+            lease_expires_at=time.time() + lease_ms / 1000,
         )
 
     def _session_ttl_ms(self) -> int:
@@ -666,7 +669,9 @@ class RedisStreamBridge:
             "renew_lease", keys.both, producer_token, lease_ms, self._ttl_ms, stream or ""
         )
         self._raise_refusal(run_id, reply)
-        return LeaseState(lease_expires_at=int(reply[1]) / 1000, cancel_requested=reply[2] == 1)
+        # In the gateway's clock: what is left of the lease by Redis' clock, from now.
+        left = (int(reply[1]) - int(reply[3])) / 1000
+        return LeaseState(lease_expires_at=time.time() + left, cancel_requested=reply[2] == 1)
 
     async def cut_lease(
         self,
