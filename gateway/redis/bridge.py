@@ -323,6 +323,32 @@ class RedisStreamBridge:
         deadline, its retries and its error mapping (never the server's address)."""
         return await self._call(operation)
 
+    async def replicated(self) -> None:
+        """With `min_replicas_acked`: return once that many replicas hold every write
+        made before this call, on any connection (the `PUBLISH` mark ends the
+        replication stream with this connection's write, see `__init__`), or raise
+        NotReplicated. For writes sent through the client (a removal, a session's
+        deletion), which no script's `WAIT` follows."""
+        if not self._wait:
+            return
+
+        async def run(held: Held) -> None:
+            _, replicas = await held.execute_many(self._wait, 2)
+            self._confirmed(int(replicas))
+
+        async with self._turns.connection() as held:
+            await self._attempts(lambda: run(held), True)
+
+    def _confirmed(self, replicas: int) -> None:
+        asked = self._settings.min_replicas_acked
+        if replicas < asked:
+            self.replica_ack_failures += 1
+            raise NotReplicated(
+                f"the write reached {replicas} of the {asked} Redis replicas asked "
+                f"for within {self._wait_ms} ms, so it is not acknowledged (it may or "
+                "may not survive a failover)"
+            )
+
     @property
     def notifier(self) -> Notifier:
         """The process's change notifications, for stores that signal through them too."""
@@ -458,14 +484,7 @@ class RedisStreamBridge:
             except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
                 await held.execute(pack("SCRIPT", "LOAD", script.script))
                 reply, _, replicas = await held.execute_many(calls, 3)
-            asked = self._settings.min_replicas_acked
-            if int(replicas) < asked:
-                self.replica_ack_failures += 1
-                raise NotReplicated(
-                    f"the write reached {int(replicas)} of the {asked} Redis replicas asked "
-                    f"for within {self._wait_ms} ms, so it is not acknowledged (it may or "
-                    "may not survive a failover)"
-                )
+            self._confirmed(int(replicas))
             return reply
 
         async with self._turns.connection() as held:
@@ -813,6 +832,7 @@ class RedisStreamBridge:
             await self._call(lambda: self._redis.delete(keys.log))
             # Wake local feeds of every gateway so readers learn of the removal now.
             await self._call(lambda: self._redis.spublish(keys.log, b""))
+            await self.replicated()
 
     # -- reader side ------------------------------------------------------------
 

@@ -91,6 +91,9 @@ class CallBoundary(Protocol):
 
     async def command(self, operation: Callable[[], Awaitable[R]]) -> R: ...
 
+    async def replicated(self) -> None:
+        """Once the replicas asked for (`min_replicas_acked`) hold every write so far."""
+
 
 class _Bounded:
     """A boundary for a store used without a bridge (tools, tests): the same rules,
@@ -111,6 +114,9 @@ class _Bounded:
             raise BackendUnavailable("Redis is unavailable") from exc
         except redis_errors.RedisError as exc:
             raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
+
+    async def replicated(self) -> None:
+        """Nothing to wait for: a store used without a bridge asks for no replicas."""
 
 
 def _record(run_id: str, reply: list[Any]) -> dict[str, Any] | None:
@@ -351,6 +357,7 @@ class RedisSessionStore:
             ["remove", session_id, "1e308" if retire else repr(when)],
         )
         await self._call(lambda: self._redis.spublish(keys.feed, b""))  # wake its feeds
+        await self._boundary.replicated()  # (min_replicas_acked: the deletion is on them)
         return run_ids
 
     async def is_retired(self, session_id: str) -> bool:

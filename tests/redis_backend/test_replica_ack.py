@@ -217,6 +217,33 @@ async def test_a_streamed_append_acks_only_replicated_lines(
             assert logged(replica, key_prefix, run)[1:] == again["ids"]
 
 
+async def test_removals_are_answered_once_the_replica_has_them(
+    pair: tuple[RedisServer, RedisServer], key_prefix: str
+) -> None:
+    """A run's removal and a session's deletion (plain commands, no script's WAIT behind
+    them) are answered once the replica has them too, or 503."""
+    master, replica = pair
+    with serve(acked(master.url, key_prefix), "redis") as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=10) as client:
+            run = await ProducerClient.claim(client)
+            await run.publish(("token", 1))
+            turn = await ProducerClient.claim(client, session_id="s")
+            await turn.publish(("token", 1))
+            await turn.end()
+            with stopped(replica):
+                run_refused = await client.delete(f"/v1/runs/{run.run_id}")
+                session_refused = await client.delete("/v1/sessions/s")
+            for refused in (run_refused, session_refused):
+                assert refused.status_code == 503, refused.text
+                assert "reached 0 of the 1 Redis replicas" in refused.json()["detail"]
+            wait_in_sync(master, replica)
+            assert (await client.delete(f"/v1/runs/{run.run_id}")).status_code == 204
+            assert logged(replica, key_prefix, run.run_id) == []
+            assert (await client.delete("/v1/sessions/s")).status_code == 200
+            with replica.client() as raw:
+                assert not raw.exists(run_keys(key_prefix, turn.run_id).turn)
+
+
 def test_the_setting_is_refused_without_one_redis_server() -> None:
     with pytest.raises(ValidationError, match="needs the Redis bridge"):
         Settings(min_replicas_acked=1)
