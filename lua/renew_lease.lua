@@ -8,7 +8,7 @@
 --          only one whose drop may cut the lease (lease_cut.lua); "" for a renewal from
 --          elsewhere (`POST …/lease`), whose time is noted instead (`renewed`)
 --
--- Returns {"ok", lease_until_ms, cancel_requested (0|1)}
+-- Returns {"ok", lease_until_ms, cancel_requested (0|1), now_ms (Redis' clock)}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", status}
 local now_parts = redis.call('TIME')
@@ -40,4 +40,6 @@ else  -- a renewal from elsewhere: a drop seen before it cuts nothing (lease_cut
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return {'ok', string.format('%d', new_until), meta[4] == '1' and 1 or 0}
+-- (and Redis' own time: the gateway reports the lease by its length, never comparing
+-- this server's clock with its own)
+return {'ok', string.format('%d', new_until), meta[4] == '1' and 1 or 0, string.format('%d', now)}

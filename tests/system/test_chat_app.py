@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import re
 import shutil
@@ -112,9 +111,9 @@ def _setup_lock() -> Iterator[None]:
 
 def _build_package(node: str) -> None:
     """Compile js/ (the page bundles its client, the server imports it) when stale."""
-    stamp = JS_DIR / "dist" / ".sources"
-    digest = sources_digest([*(JS_DIR / "src").rglob("*.ts"), JS_DIR / "package-lock.json"])
-    if stamp.is_file() and stamp.read_text() == digest and (JS_DIR / "dist" / "index.js").is_file():
+    built = JS_DIR / "dist" / "index.js"
+    sources = [*(JS_DIR / "src").rglob("*.ts"), JS_DIR / "package-lock.json"]
+    if built.is_file() and built.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return
     subprocess.run(
         [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.json"],
@@ -122,21 +121,10 @@ def _build_package(node: str) -> None:
         check=True,
         timeout=300,
     )
-    stamp.write_text(digest)
 
 
-def sources_digest(inputs: list[Path]) -> str:
-    """A digest of the inputs' paths and contents: a build is stale when it changes. (Not
-    mtimes: js/'s own `npm test` rewrites js/dist with the same bytes, and an xdist worker
-    must not rebuild a page another worker is serving.)"""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in inputs if p.is_file()):
-        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def _page_sources() -> list[Path]:
-    return [
+def _sources_mtime() -> float:
+    inputs = [
         JS_DIR / "dist" / "client.js",
         CHAT_DIR / "index.html",
         CHAT_DIR / "vite.config.mjs",
@@ -144,13 +132,13 @@ def _page_sources() -> list[Path]:
         AI7_DIR / "package-lock.json",
         *(CHAT_DIR / "src").rglob("*"),
     ]
+    return max(path.stat().st_mtime for path in inputs if path.is_file())
 
 
 def _build(name: str, node: str) -> None:
-    """Build the page for one set unless it was built from these very sources."""
-    stamp = CHAT_DIR / "dist" / f"{name}.sources"
-    digest = sources_digest(_page_sources())
-    if stamp.is_file() and stamp.read_text() == digest:
+    """Build the page for one set unless its build is newer than every source."""
+    built = CHAT_DIR / "dist" / name / "index.html"
+    if built.is_file() and built.stat().st_mtime >= _sources_mtime():
         return
     subprocess.run(
         [node, "node_modules/vite/bin/vite.js", "build"],
@@ -159,7 +147,6 @@ def _build(name: str, node: str) -> None:
         check=True,
         timeout=300,
     )
-    stamp.write_text(digest)
 
 
 @dataclass(frozen=True)
