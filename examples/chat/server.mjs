@@ -47,14 +47,14 @@ async function access(req, res, url) {
 }
 
 async function chat(req, res) {
-  const { id, message } = await gw.readChatRequest(req, { maxBytes: 256 * 1024, origin: `http://${req.headers.host}` });
+  const { id, message, idempotencyKey } = await gw.readChatRequest(req, { maxBytes: 256 * 1024, origin: `http://${req.headers.host}` });
   if (!owns(req, res, id)) throw new gw.RequestError(403, "forbidden", "not your chat");
   const text = gw.textOf(message);
   const turn = await gw.claimTurn({
     ...gateway,
     sessionId: id,
     inputMessage: { messageId: message.id, role: "user", parts: [{ kind: "text", text }] },
-    idempotencyKey: message.id, // a double submit or a retried request follows the same turn
+    idempotencyKey, // the message id: a double submit or a retried request follows the same turn
   });
   if (gw.isExistingTurn(turn)) return gw.turnResponse(turn, id);
   // A real app: streamText({model, messages, abortSignal: turn.signal}).toUIMessageStream()

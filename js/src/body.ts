@@ -103,6 +103,14 @@ export interface ChatRequest<M = ChatMessage> {
   messages: M[];
   /** The last message: the user's new one. */
   message: M;
+  /** `submit-message` or `regenerate-message` (the AI SDK's trigger). */
+  trigger: string;
+  /**
+   * The turn's idempotency key for `claimTurn`: the user message's id for a new message
+   * (a double submit or a retried request gets the same turn); for a regeneration, the
+   * transport's request id (each regeneration is a new turn, its retries are not).
+   */
+  idempotencyKey: string;
 }
 
 export interface ChatMessage {
@@ -135,7 +143,16 @@ export async function readChatRequest(
   if (message?.role !== "user" || typeof message.id !== "string" || !ID.test(message.id) || !Array.isArray(message.parts)) {
     throw new RequestError(400, "invalid_input", "the last message must be a user message with an id and parts");
   }
-  return { id, messages: messages as ChatMessage[], message };
+  const trigger = typeof body?.["trigger"] === "string" ? body["trigger"] : "submit-message";
+  const requestId = body?.["requestId"];
+  let idempotencyKey = message.id;
+  if (trigger === "regenerate-message") {
+    if (typeof requestId !== "string" || !ID.test(requestId) || requestId.length > 100) {
+      throw new RequestError(400, "invalid_input", "a regeneration needs a requestId");
+    }
+    idempotencyKey = `${message.id.slice(0, 90)}:regen:${requestId}`;
+  }
+  return { id, messages: messages as ChatMessage[], message, trigger, idempotencyKey };
 }
 
 /** The text of a UI message (its text parts, joined). */

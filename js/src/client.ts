@@ -77,7 +77,8 @@ export class GatewayChatTransport<M extends UIMessage = UIMessage> implements Ch
       method: "POST",
       headers: { "Content-Type": "application/json", ...this.options.headers, ...headersOf(extra.headers) },
       credentials: this.options.credentials ?? "same-origin",
-      body: JSON.stringify({ ...(extra.body ?? {}), id: chatId, messages, trigger, messageId }),
+      // requestId: the same for a retry of this request, new for each regeneration
+      body: JSON.stringify({ ...(extra.body ?? {}), id: chatId, messages, trigger, messageId, requestId: newId() }),
       ...(abortSignal ? { signal: abortSignal } : {}),
     });
     const reply = (await response.json().catch(() => ({}))) as Record<string, unknown>;
@@ -199,6 +200,10 @@ export class GatewayChatTransport<M extends UIMessage = UIMessage> implements Ch
       },
     });
   }
+}
+
+function newId(): string {
+  return globalThis.crypto.randomUUID();
 }
 
 function endText(status: string): string {

@@ -72,13 +72,13 @@ before(async () => {
   // The app's route, as an app writes it (examples/chat/server.mjs is the same).
   app = createServer(async (req, res) => {
     try {
-      const { id, messages, message } = await readChatRequest(req, { maxBytes: 64 * 1024 });
+      const { id, messages, message, idempotencyKey } = await readChatRequest(req, { maxBytes: 64 * 1024 });
       const turn = await claimTurn({
         gatewayUrl: gateway.url,
         apiKey: API_KEY,
         sessionId: id,
         inputMessage: { messageId: message.id, role: "user", parts: [{ kind: "text", text: textOf(message) }] },
-        idempotencyKey: message.id,
+        idempotencyKey,
       });
       if (isExistingTurn(turn)) return await sendResponse(res, turnResponse(turn, id));
       const result = streamText({
@@ -244,6 +244,22 @@ describe("the AI SDK edge", { timeout: 60_000 }, () => {
     assert.equal(rb.text, answer("twice"));
     const turns = (await api(gateway, "GET", `/v1/sessions/c-double/turns`)).body.turns;
     assert.equal(turns.length, 1);
+  });
+
+  test("a regeneration is a new turn (the same user message, a new request)", async () => {
+    const chat = transport();
+    const messages = [userMessage("m-regen", "again")];
+    const first = await collect(
+      await chat.sendMessages({ chatId: "c-regen", messages, trigger: "submit-message", messageId: undefined, abortSignal: undefined }),
+    );
+    const second = await collect(
+      await chat.sendMessages({ chatId: "c-regen", messages, trigger: "regenerate-message", messageId: undefined, abortSignal: undefined }),
+    );
+    assert.equal(first.text, answer("again"));
+    assert.equal(second.text, answer("again"));
+    const turns = (await api(gateway, "GET", `/v1/sessions/c-regen/turns`)).body.turns;
+    assert.deepEqual(turns.map((t) => t.state), ["success", "success"]);
+    assert.notEqual(first.chunks[0].messageId, second.chunks[0].messageId);
   });
 
   test("the route reads bounded, same-origin JSON only", async () => {

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -111,9 +112,9 @@ def _setup_lock() -> Iterator[None]:
 
 def _build_package(node: str) -> None:
     """Compile js/ (the page bundles its client, the server imports it) when stale."""
-    built = JS_DIR / "dist" / "index.js"
-    sources = [*(JS_DIR / "src").rglob("*.ts"), JS_DIR / "package-lock.json"]
-    if built.is_file() and built.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+    stamp = JS_DIR / "dist" / ".sources"
+    digest = sources_digest([*(JS_DIR / "src").rglob("*.ts"), JS_DIR / "package-lock.json"])
+    if stamp.is_file() and stamp.read_text() == digest and (JS_DIR / "dist" / "index.js").is_file():
         return
     subprocess.run(
         [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.json"],
@@ -121,10 +122,21 @@ def _build_package(node: str) -> None:
         check=True,
         timeout=300,
     )
+    stamp.write_text(digest)
 
 
-def _sources_mtime() -> float:
-    inputs = [
+def sources_digest(inputs: list[Path]) -> str:
+    """A digest of the inputs' paths and contents: a build is stale when it changes. (Not
+    mtimes: js/'s own `npm test` rewrites js/dist with the same bytes, and an xdist worker
+    must not rebuild a page another worker is serving.)"""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in inputs if p.is_file()):
+        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _page_sources() -> list[Path]:
+    return [
         JS_DIR / "dist" / "client.js",
         CHAT_DIR / "index.html",
         CHAT_DIR / "vite.config.mjs",
@@ -132,13 +144,13 @@ def _sources_mtime() -> float:
         AI7_DIR / "package-lock.json",
         *(CHAT_DIR / "src").rglob("*"),
     ]
-    return max(path.stat().st_mtime for path in inputs if path.is_file())
 
 
 def _build(name: str, node: str) -> None:
-    """Build the page for one set unless its build is newer than every source."""
-    built = CHAT_DIR / "dist" / name / "index.html"
-    if built.is_file() and built.stat().st_mtime >= _sources_mtime():
+    """Build the page for one set unless it was built from these very sources."""
+    stamp = CHAT_DIR / "dist" / f"{name}.sources"
+    digest = sources_digest(_page_sources())
+    if stamp.is_file() and stamp.read_text() == digest:
         return
     subprocess.run(
         [node, "node_modules/vite/bin/vite.js", "build"],
@@ -147,6 +159,7 @@ def _build(name: str, node: str) -> None:
         check=True,
         timeout=300,
     )
+    stamp.write_text(digest)
 
 
 @dataclass(frozen=True)

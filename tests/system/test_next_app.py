@@ -51,6 +51,7 @@ from tests.system.test_chat_app import (
     messages,
     open_chat,
     send,
+    sources_digest,
     turn_text,
     wait_answer,
     wait_run_status,
@@ -74,15 +75,30 @@ def next_build() -> str:
         _npm_ci(JS_DIR)
         _npm_ci(NEXT_DIR)
         _build_package(node)
-        subprocess.run(
-            [node, "node_modules/next/dist/bin/next", "build"],
-            cwd=NEXT_DIR,
-            env={**os.environ, "NEXT_TELEMETRY_DISABLED": "1"},
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
+        stamp = NEXT_DIR / ".next" / "gateway-test.sources"
+        digest = sources_digest(_next_sources())
+        if not (stamp.is_file() and stamp.read_text() == digest):
+            subprocess.run(
+                [node, "node_modules/next/dist/bin/next", "build"],
+                cwd=NEXT_DIR,
+                env={**os.environ, "NEXT_TELEMETRY_DISABLED": "1"},
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+            stamp.write_text(digest)
     return node
+
+
+def _next_sources() -> list[Path]:
+    return [
+        *(NEXT_DIR / "app").rglob("*"),
+        NEXT_DIR / "next.config.mjs",
+        NEXT_DIR / "package-lock.json",
+        NEXT_DIR.parent / "chat" / "model.mjs",
+        JS_DIR / "dist" / "client.js",
+        JS_DIR / "dist" / "server.js",
+    ]
 
 
 def _free_port() -> int:

@@ -9,14 +9,14 @@ import { gateway, model, owns } from "../../gateway.js";
 export async function POST(req) {
   try {
     const origin = `${new URL(req.url).protocol}//${req.headers.get("host")}`; // as the browser named it
-    const { id, message } = await gw.readChatRequest(req, { maxBytes: 256 * 1024, origin });
+    const { id, message, idempotencyKey } = await gw.readChatRequest(req, { maxBytes: 256 * 1024, origin });
     if (!(await owns(id))) throw new gw.RequestError(403, "forbidden", "not your chat");
     const text = gw.textOf(message);
     const turn = await gw.claimTurn({
       ...gateway,
       sessionId: id,
       inputMessage: { messageId: message.id, role: "user", parts: [{ kind: "text", text }] },
-      idempotencyKey: message.id,
+      idempotencyKey, // the message id: a double submit follows the same turn
     });
     if (gw.isExistingTurn(turn)) return gw.turnResponse(turn, id);
     // A real app: streamText({model, messages, abortSignal: turn.signal}).toUIMessageStream()
