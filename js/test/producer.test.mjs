@@ -3,14 +3,23 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { claimTurn, isExistingTurn } from "../dist/producer.js";
-import { api, API_KEY, readRun, startBufferingProxy, startGateway, startRelay, until } from "./support.mjs";
+import { api, API_KEY, readRun, startBufferingProxy, startGateway, startRedis, startRelay, until } from "./support.mjs";
 
+// Every case on the memory bridge and, when redis-server is installed, the Redis bridge.
 let gateway;
+let redis;
+const backend = process.env.PRODUCER_BACKEND ?? "memory";
 before(async () => {
-  gateway = await startGateway();
+  if (backend === "redis") {
+    redis = await startRedis();
+    gateway = await startGateway({ GATEWAY_REDIS_URL: redis.url });
+  } else {
+    gateway = await startGateway();
+  }
 });
 after(async () => {
   await gateway?.stop();
+  await redis?.stop();
 });
 
 const claim = (url, sessionId, extra = {}) =>
@@ -22,7 +31,7 @@ const claim = (url, sessionId, extra = {}) =>
     ...extra,
   });
 
-describe("producer", { timeout: 60_000 }, () => {
+describe(`producer (${backend})`, { timeout: 60_000 }, () => {
   test("300 chunks 40 ms away reach a follower within 0.5 s of the first", async () => {
     const relay = await startRelay(gateway.port, 40); // 40 ms each way
     try {
@@ -144,7 +153,7 @@ describe("producer", { timeout: 60_000 }, () => {
   });
 });
 
-describe("a silent turn", { timeout: 30_000 }, () => {
+describe(`a silent turn (${backend})`, { timeout: 30_000 }, () => {
   test("ends its streamed body before the gateway's idle limit and goes on after", async () => {
     const turn = await claim(gateway.url, "s-silent", { leaseSeconds: 2 });
     const reading = readRun(gateway, turn.runId);

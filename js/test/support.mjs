@@ -24,7 +24,41 @@ export async function freePort() {
   return port;
 }
 
-/** Starts `gateway serve` (memory bridge) on a free port; `stop()` ends it. */
+/** A `redis-server` on a free port (no persistence), or null when none is installed. */
+export async function startRedis() {
+  try {
+    execFileSync("redis-server", ["--version"], { stdio: "ignore" });
+  } catch {
+    return null;
+  }
+  const port = await freePort();
+  const proc = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], {
+    stdio: "ignore",
+  });
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const up = await new Promise((resolve) => {
+      const socket = connect(port, "127.0.0.1", () => {
+        socket.end();
+        resolve(true);
+      });
+      socket.on("error", () => resolve(false));
+    });
+    if (up) break;
+    if (Date.now() > deadline || proc.exitCode !== null) throw new Error("redis-server did not start");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    async stop() {
+      if (proc.exitCode !== null) return;
+      proc.kill("SIGTERM");
+      await new Promise((resolve) => proc.once("exit", resolve));
+    },
+  };
+}
+
+/** Starts `gateway serve` (memory bridge unless GATEWAY_REDIS_URL is given) on a free port; `stop()` ends it. */
 export async function startGateway(extraEnv = {}) {
   const port = await freePort();
   const env = {
