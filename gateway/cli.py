@@ -300,6 +300,7 @@ async def _serve(
     listen on these (a worker of `run_workers`) instead of binding `settings.host`/`port`."""
     import anyio
 
+    from . import gc_policy
     from .bridge.provider import open_bridge
     from .http.app import create_app
     from .http.serve.server import GatewayServer, server_config
@@ -327,6 +328,8 @@ async def _serve(
             async def startup(self, sockets: list[socket.socket] | None = None) -> None:
                 await super().startup(sockets)
                 if self.started:
+                    # Before the loop handles a request: what start-up made is frozen.
+                    gc_policy.apply(settings)
                     started.set()
 
             async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -311,6 +311,13 @@ class Settings(BaseSettings):
     )
 
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    gc_tuning: bool = Field(
+        True,
+        description="Once started, freeze the start-up objects out of Python's cyclic "
+        "collector and raise its thresholds (gateway/gc_policy.py), so that full "
+        "passes, which stall the event loop for tens of ms under load, are rare and "
+        "shorter; off: Python's defaults.",
+    )
 
     @classmethod
     def settings_customise_sources(
