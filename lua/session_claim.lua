@@ -10,6 +10,7 @@
 -- ARGV[2]  how long the session's keys live at least from now, ms
 --
 -- Returns {"retired"} (no turn opens) | {"ok", order, new (0|1), last_updated}
+-- A new order SPUBLISHes the session's feed channel (below).
 --! include session_ttl
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'retired'}
@@ -28,4 +29,8 @@ redis.call('HSET', KEYS[2], 'last_updated', stamp,
 -- The keys outlive the turns they point at (a reader drops entries whose record is
 -- gone), and lose their TTL only while a turn of the session is parked.
 session_keep(KEYS[2], KEYS[3], tonumber(ARGV[2]))
+-- Wake the session's feeds in this same step, so that no crash can lose the news of a
+-- turn (they then wait only on this channel, with no poll of their own). The channel
+-- is the session's `feed` (redis/session_keys.py), named like its keys: same slot.
+redis.call('SPUBLISH', (string.gsub(KEYS[1], ':tomb$', ':feed')), '')
 return {'ok', order, 1, stamp}

@@ -12,7 +12,8 @@
 --          handed out twice) and returns {"ok", run_id...}.
 -- prune:   ARGV[2..] run_id, order, ...: entries whose record the caller found gone;
 --          removed while they still have that order. Returns {"ok"}.
--- (A dropped entry's parked mark goes with it: session_ttl.lua.)
+-- (A dropped entry's parked mark goes with it: session_ttl.lua.) Retire and clear wake
+-- the session's feeds (SPUBLISH on its feed channel).
 local op = ARGV[1]
 
 local function forget(run)
@@ -45,4 +46,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
 end
 redis.call('DEL', KEYS[3])
 if op == 'retire' then redis.call('DEL', KEYS[2]) end
+-- Wake the session's feeds in this same step (they learn of it with no poll of their
+-- own; no crash can lose it): the session's `feed` channel, named like its keys.
+redis.call('SPUBLISH', (string.gsub(KEYS[1], ':tomb$', ':feed')), '')
 return out

@@ -617,10 +617,12 @@ class RedisStreamBridge:
         return self._ttl_ms + ceil_ms(self._settings.ended_ttl_seconds)
 
     async def _turn_opened(self, session_id: str, stamp: str) -> None:
-        """After a claim opened a turn: wake the session's feeds and put the session on
-        top of the session index (at the claim's time, Redis's clock). Both are hints
-        readers verify (a feed also re-reads on its heartbeat), so a failure here is
-        logged, never the claim's."""
+        """After a claim opened a turn: wake the session's feeds again, now that its
+        record is written (`session_claim.lua` announced the turn in its own step, which
+        no crash can lose; a feed that read between the two steps looks again shortly),
+        and put the session on top of the session index (at the claim's time, Redis's
+        clock). Both are hints readers verify, so a failure here is logged, never the
+        claim's."""
         session = session_keys(self._prefix, session_id)
         try:
             await self._call(lambda: self._redis.spublish(session.feed, b""))

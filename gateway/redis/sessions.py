@@ -316,6 +316,13 @@ class RedisSessionStore:
         seen = await self._turns_of(check_session_id(session_id), limit, int(after))
         return [] if seen is None else seen[0]
 
+    async def next_turn(self, session_id: str, after: int) -> tuple[dict[str, Any] | None, bool]:
+        seen = await self._turns_of(check_session_id(session_id), 1, int(after))
+        if seen is None:
+            return None, False
+        turns, _, claiming = seen
+        return (turns[0] if turns else None), claiming
+
     # -- writes -----------------------------------------------------------------
 
     async def delete_session(self, session_id: str, retire: bool) -> list[str]:

@@ -122,6 +122,13 @@ class SessionStore(Protocol):
         passing it; turns whose records are gone are skipped."""
         ...
 
+    async def next_turn(self, session_id: str, after: int) -> tuple[dict[str, Any] | None, bool]:
+        """The session's first turn with an order above `after` (as `turns_after`), and
+        whether a claim is between its steps there (Redis: its order taken, its record
+        not yet written; never on memory), so that a session feed waiting for the next
+        turn looks again shortly instead of sleeping through it."""
+        ...
+
     async def delete_session(self, session_id: str, retire: bool) -> list[str]:
         """Remove the session's turns; returns their run ids (for `bridge.cleanup`).
 

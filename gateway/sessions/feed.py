@@ -16,9 +16,13 @@ store's first turn above the one just followed (`turns_after`), however many tur
 session holds, so a resumed feed follows exactly or answers a gap, never jumps. With no
 cursor the feed starts at the newest turn that has not ended, from its first event, or,
 when none is live, waits for a turn after the newest one it saw. Between turns it waits
-on the session's change signal (`watch.py`), re-reading only when the signal moved or a
-heartbeat interval passed (an announcement lost with a crashed gateway delays a turn by
-at most that): no Redis connection and no poll per feed beyond that. A resume whose turn
+on the session's change signal (`watch.py`) and re-reads only when the signal moved: a
+new turn's announcement is made by the same atomic step that takes its order (on Redis,
+`session_claim.lua`), and a retirement's by the step that writes the tombstone, so no
+crash can lose one, and an idle feed costs the backend nothing (a lost subscription is
+re-established and wakes every feed once). The one wait that looks again by itself is
+for a claim caught between its two steps (its order taken, its record not yet written):
+`PENDING_RECHECK` seconds, until the record appears or the entry is pruned. A resume whose turn
 record is gone (expired, removed, never a turn of this session) is a `stream_removed`
 gap. Reading a turn's run subscribes to the bridge like any run reader, so the run's
 cursor, gap and END rules apply unchanged (a turn whose log is gone is the bridge's gap,
@@ -78,13 +82,18 @@ def _opened(turn: dict[str, Any]) -> TurnOpened:
     return TurnOpened(str(turn["run_id"]), message, float(turn["created_at"]))
 
 
+# A feed that found the next turn's claim between its two steps looks again this soon.
+PENDING_RECHECK: Final = 0.05
+
 # The session's next turn after an order, as read at a change count of its signal,
 # shared by the feeds of that session in this process waiting at the same place: a new
 # turn wakes them all at once, and each would read the same page. A read begun at change
 # count c holds every turn announced up to c.
-_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], asyncio.Future[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+# (With the time each began: a `fresh` look at a pending claim shares one begun less than
+# `PENDING_RECHECK` ago, so the feeds of a session re-read it once per period, together.)
+_SHARED: weakref.WeakKeyDictionary[
+    Any, dict[tuple[int, int], tuple[asyncio.Future[Any], float]]
+] = weakref.WeakKeyDictionary()
 
 
 async def _next_turn(
@@ -95,26 +104,28 @@ async def _next_turn(
     after: int,
     *,
     fresh: bool = False,
-) -> dict[str, Any] | None:
-    """The first turn above `after`; from a read made at `changes` unless `fresh`."""
+) -> tuple[dict[str, Any] | None, bool]:
+    """The first turn above `after` and whether a claim is between its steps there
+    (`SessionStore.next_turn`); from a read made at `changes` unless `fresh`."""
     reads = _SHARED.get(signal)
     if reads is None:
         reads = _SHARED[signal] = {}
     entry = reads.get((changes, after))
-    if not fresh and entry is not None:
-        shared: list[dict[str, Any]] | None = await asyncio.shield(entry)
+    now = time.monotonic()
+    if entry is not None and (not fresh or now - entry[1] < PENDING_RECHECK):
+        shared: tuple[dict[str, Any] | None, bool] | None = await asyncio.shield(entry[0])
         if shared is not None:
-            return shared[0] if shared else None
+            return shared
     for key in [k for k in reads if k[0] != changes]:
         del reads[key]  # reads made before the latest change are of no use any more
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    reads[(changes, after)] = future
-    turns: list[dict[str, Any]] | None = None
+    reads[(changes, after)] = (future, now)
+    found: tuple[dict[str, Any] | None, bool] | None = None
     try:
-        turns = await store.turns_after(session_id, after, 1)
-        return turns[0] if turns else None
+        found = await store.next_turn(session_id, after)
+        return found
     finally:
-        future.set_result(turns)  # None: those who joined read for themselves
+        future.set_result(found)  # None: those who joined read for themselves
 
 
 def _removed(position: str | None) -> StreamGap:
@@ -176,19 +187,22 @@ async def follow_session(
             if current is None:
                 if signal.closed:
                     raise BridgeClosed("the stream bridge closed")
-                nxt = await _next_turn(store, session_id, signal, seen, after, fresh=fresh)
+                nxt, pending = await _next_turn(store, session_id, signal, seen, after, fresh=fresh)
                 fresh = False
                 if nxt is None:
                     if signal.changes == seen:
+                        # Nothing moved: wait for the announcement (no read of its own),
+                        # but look again soon at a claim caught between its steps.
                         waited = time.monotonic() - idle_since
                         if waited < heartbeat_interval:
-                            await signal.wait(heartbeat_interval - waited)
-                            if signal.changes == seen:
-                                continue
+                            left = heartbeat_interval - waited
+                            await signal.wait(min(left, PENDING_RECHECK) if pending else left)
                         else:
                             yield (None, [HEARTBEAT])
                             idle_since = time.monotonic()
-                            fresh = True  # a lost announcement delays a turn this long
+                        if signal.changes == seen:
+                            fresh = pending
+                            continue
                     seen = signal.changes
                     if await store.is_retired(session_id):
                         yield (None, [RETIRED])

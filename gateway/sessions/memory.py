@@ -185,6 +185,10 @@ class MemorySessionStore:
         chosen = heapq.nsmallest(limit, later, key=lambda t: t.doc["order"])
         return [T.copy_turn(turn.doc) for turn in chosen]
 
+    async def next_turn(self, session_id: str, after: int) -> tuple[dict[str, Any] | None, bool]:
+        turns = await self.turns_after(session_id, after, 1)
+        return (turns[0] if turns else None), False  # a claim here is one step
+
     async def delete_session(self, session_id: str, retire: bool) -> list[str]:
         check_session_id(session_id)
         session = self._live_session(session_id)
