@@ -44,7 +44,9 @@ def skewed_gateway(key_prefix: str) -> object:
         yield gateway
 
 
-async def test_a_claim_reports_a_lease_in_the_gateways_clock(skewed_gateway: GatewayProcess) -> None:
+async def test_a_claim_reports_a_lease_in_the_gateways_clock(
+    skewed_gateway: GatewayProcess,
+) -> None:
     async with httpx.AsyncClient(base_url=skewed_gateway.url, timeout=10) as client:
         reply = await client.post("/v1/runs", json={"lease_seconds": 30})
         assert reply.status_code == 201
