@@ -204,6 +204,11 @@ export class Turn {
     this.leaseTimer.unref?.();
   }
 
+  /** Why the turn can no longer deliver (the gateway refused it, or stayed unreachable). */
+  get error(): Error | undefined {
+    return this.failure;
+  }
+
   /** Events not yet acknowledged by the gateway. */
   get unacknowledged(): number {
     return this.pending.length;

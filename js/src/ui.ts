@@ -39,9 +39,9 @@ export async function pipeUIMessageStream(
       if (chunk.type === "error") errorText ??= chunk.errorText;
       await turn.send("ui", chunk);
     }
-    outcome = errorText !== undefined ? "error" : turn.signal.aborted ? "cancelled" : "success";
+    outcome = errorText !== undefined ? "error" : turn.signal.aborted && !turn.error ? "cancelled" : "success";
   } catch (err) {
-    if (turn.signal.aborted) {
+    if (turn.signal.aborted && !turn.error) {
       outcome = "cancelled"; // the model stopped because a reader asked
     } else {
       errorText = messageOf(err); // readers see why, as the AI SDK shows a model's error
