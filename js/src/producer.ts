@@ -274,6 +274,25 @@ export class Turn {
     return reply;
   }
 
+  /**
+   * Runs `work(turn)` and ends the turn with its outcome: `success`; `cancelled` when a
+   * reader asked to stop (the signal fired), keeping what was sent; `error` with the
+   * exception's message when it threw. Answers the status it ended with.
+   */
+  async run(work: (turn: Turn) => Promise<void>): Promise<EndStatus> {
+    let status: EndStatus;
+    let reason: unknown;
+    try {
+      await work(this);
+      status = this.signal.aborted && !this.failure ? "cancelled" : "success";
+    } catch (err) {
+      status = this.signal.aborted && !this.failure ? "cancelled" : "error";
+      reason = status === "error" ? err : undefined;
+    }
+    await this.end(status, reason === undefined ? undefined : normaliseError(reason));
+    return status;
+  }
+
   /** Ends the turn `error` with the reason of `err` (an exception's message). */
   fail(err: unknown): Promise<Record<string, unknown>> {
     return this.end("error", normaliseError(err));

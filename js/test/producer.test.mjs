@@ -142,6 +142,30 @@ describe(`producer (${backend})`, { timeout: 60_000 }, () => {
     assert.deepEqual(history.at(-1).metadata, { status: "error", error: { message: "the model broke" } });
   });
 
+  test("run(): an exception ends error with its message; a cancel ends cancelled", async () => {
+    const failing = await claim(gateway.url, "s-run-error");
+    const failed = await failing.run(async (turn) => {
+      await turn.send("n", 1);
+      throw new Error("tool crashed");
+    });
+    assert.equal(failed, "error");
+    const history = (await api(gateway, "GET", `/v1/sessions/s-run-error/ui-messages`)).body;
+    assert.deepEqual(history.at(-1).metadata, { status: "error", error: { message: "tool crashed" } });
+
+    const stopping = await claim(gateway.url, "s-run-cancel");
+    const ended = await stopping.run(async (turn) => {
+      await turn.send("n", 0);
+      await turn.flush();
+      await api(gateway, "POST", `/v1/runs/${turn.runId}/cancel`, {});
+      // a model handed turn.signal throws an AbortError when it fires
+      await new Promise((resolve, reject) => turn.signal.addEventListener("abort", () => reject(turn.signal.reason)));
+    });
+    assert.equal(ended, "cancelled");
+    const { events, status } = await readRun(gateway, stopping.runId);
+    assert.equal(status, "cancelled");
+    assert.deepEqual(events.map((e) => e.data), [0]);
+  });
+
   test("a second claim with the same idempotency key gets the running turn", async () => {
     const first = await claim(gateway.url, "s-idem", { idempotencyKey: "msg-1" });
     assert.ok(!isExistingTurn(first));
