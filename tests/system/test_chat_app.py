@@ -740,7 +740,13 @@ async def test_a_producer_killed_mid_answer_is_lost_within_seconds(
         await page.wait_for_selector('#status[data-status="error"]', timeout=10_000)
         assert time.monotonic() - killed < 10
         assert "producer_lost" in (await page.text_content("#error") or "")
+        async with gateway_api(chat_app) as api:
+            kept = await turn_text(api, chat_id)
+        # the page shows the prompt and exactly what the gateway kept of the answer
+        listed = await messages(page)
+        assert [(m["role"], m["text"]) for m in listed] == [("user", prompt), ("assistant", kept)]
         await shot(page, "producer-killed", app_set, chat_app)
+    await assert_recorded(chat_app, chat_id, run_id, kept, "producer_lost")
 
 
 async def test_a_tab_opened_during_the_answer_resumes_it(
