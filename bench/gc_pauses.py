@@ -17,7 +17,7 @@ sampled every `--rss-every` seconds for the whole run (rounds and the time betwe
 Servers on CPU 0; Redis, the producers and the followers on CPU 1.
 
 Run: .venv/bin/python bench/gc_pauses.py [--runs 100] [--rate 50] [--seconds 10]
-     [--rounds 4] [--modes tuned,default] [--rss-csv out.csv]
+     [--rounds 4] [--modes tuned,default] [--rss-csv out.csv] [--probe-dir DIR]
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--modes", default="tuned,default", help=f"of {', '.join(MODES)}")
     parser.add_argument("--rss-every", type=float, default=1.0)
     parser.add_argument("--rss-csv", type=Path, help="write every RSS sample here")
+    parser.add_argument("--probe-dir", type=Path, help="keep each server's probe file here")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):
@@ -140,6 +141,10 @@ def main() -> None:
             for proc in procs.values():
                 proc.stop()
         probes = {m: json.loads(out.read_text()) for m, (_, out) in started.items()}
+        if args.probe_dir:
+            args.probe_dir.mkdir(parents=True, exist_ok=True)
+            for _, out in started.values():
+                (args.probe_dir / out.name).write_text(out.read_text())
     print("\ncollector passes inside the measured rounds, per generation (ms: wall clock, CPU)")
     print(
         f"{'mode':<10}{'gen':>4}{'passes':>8}{'per s':>7}{'p50':>8}{'p99':>8}{'max':>8}"
