@@ -6,8 +6,9 @@ The same chat as examples/chat, as a Next.js app: a client page with `useChat` a
 token after an ownership check), `next build` once, `next start` per case, and the
 gateway on a real uvicorn server (memory and Redis). Cases: a message, a reload
 mid-answer, a proxy cut with the browser online, stop (turn `cancelled`, the partial
-kept after a reload). Each compares the page's whole message list with the gateway's
-records.
+kept after a reload), a double submit (one turn), the Next server killed mid-answer
+(`producer_lost` on the page within 10 s). Each compares the page's whole message list
+with the gateway's records.
 
 A system test (tests/system/): `make test-fast` skips it.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -33,6 +35,7 @@ from tests.system.test_chat_app import (
     API_KEY,
     APP_KID,
     APP_SECRET,
+    GRACE_SECONDS,
     JS_DIR,
     MID_ANSWER,
     WORD_DELAY_MS,
@@ -123,6 +126,7 @@ def next_app(
         key_prefix,
         api_keys=(API_KEY,),
         cors_origins=(app_network.url,),
+        producer_lost_grace_seconds=GRACE_SECONDS,
         **keys,
     )
     log = tmp_path / "next.log"
@@ -224,3 +228,39 @@ async def test_stop_keeps_the_partial_answer(next_app: ChatApp) -> None:
         assert [(m["role"], m["text"]) for m in listed] == [("user", prompt), ("assistant", kept)]
         assert listed[1]["status"] == "cancelled"
     await assert_recorded(next_app, chat_id, run_id, kept, "cancelled")
+
+
+async def test_a_double_submit_runs_one_turn(next_app: ChatApp) -> None:
+    prompt, chat_id = "next once", "next-double"
+    async with browser_context() as context:
+        page = await open_chat(context, next_app, chat_id)
+
+        async def twice(route: Any) -> None:
+            await route.fetch()
+            await route.fulfill(response=await route.fetch())
+
+        await page.route("**/api/chat", twice)
+        await send(page, prompt)
+        listed = await wait_answer(page, answer_text(prompt))
+        run_id = assert_once(listed, prompt, answer_text(prompt))
+    await assert_recorded(next_app, chat_id, run_id, answer_text(prompt))  # one turn
+
+
+async def test_the_server_killed_mid_answer_is_producer_lost(next_app: ChatApp) -> None:
+    prompt, chat_id = "kill next", "next-killed"
+    async with browser_context() as context:
+        page = await open_chat(context, next_app, chat_id)
+        await send(page, prompt)
+        await page.wait_for_function(MID_ANSWER, arg=4)
+        run_id = (await messages(page))[-1]["id"]
+        next_app.process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        await wait_run_status(next_app, run_id, "producer_lost", 10)
+        await page.wait_for_selector('#status[data-status="error"]', timeout=10_000)
+        assert time.monotonic() - killed < 10
+        assert "producer_lost" in (await page.text_content("#error") or "")
+        async with gateway_api(next_app) as api:
+            kept = await turn_text(api, chat_id)
+        listed = await messages(page)
+        assert [(m["role"], m["text"]) for m in listed] == [("user", prompt), ("assistant", kept)]
+    await assert_recorded(next_app, chat_id, run_id, kept, "producer_lost")
