@@ -11,7 +11,8 @@ measured windows. On a busy machine the wall-clock duration includes time the pr
 waited for a CPU; the CPU time does not. `--disable` switches the collector off before
 the gateway starts (the experiment of issue 38: latency without any pass, memory not
 bounded). SIGUSR1 appends a census of the objects the collector tracks (per generation,
-the commonest types) to OUT.census.jsonl.
+the commonest types) to OUT.census.jsonl; SIGUSR2 appends what one full pass would free
+there (a census of the cyclic garbage, by type and function).
 """
 
 from __future__ import annotations
@@ -77,9 +78,28 @@ def install(out: Path) -> None:
         with census_path.open("a") as f:
             f.write(json.dumps({"wall": time.time(), "generations": sizes, "top": top}) + "\n")
 
+    def garbage(signum: int, frame: object) -> None:
+        # What is cyclic garbage right now: one full pass keeping what it would free.
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        gc.set_debug(0)
+        counts: dict[str, int] = {}
+        for obj in gc.garbage:
+            name = type(obj).__qualname__
+            if name in ("function", "method", "cell") and hasattr(obj, "__qualname__"):
+                name += f" {obj.__qualname__}"
+            if name == "frame":
+                name += f" {obj.f_code.co_qualname}"  # type: ignore[attr-defined]
+            counts[name] = counts.get(name, 0) + 1
+        gc.garbage.clear()
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:40]
+        with census_path.open("a") as f:
+            f.write(json.dumps({"wall": time.time(), "garbage": top}) + "\n")
+
     gc.callbacks.append(on_pass)
     atexit.register(dump)
     signal.signal(signal.SIGUSR1, census)
+    signal.signal(signal.SIGUSR2, garbage)
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ lifespan done), before it handles a request:
   44 in 72 s at 100 runs) and, with the start-up objects frozen, each is about half
   as long. The young thresholds stay Python's: a larger first one (2,000 was tried)
   makes fewer passes but the middle ones twice as long, and kept more garbage waiting.
-Every generation is still collected, so cyclic garbage is still freed and memory stays
-bounded: RSS under load was the same as with Python's defaults (docs/operations.md).
+Every generation is still collected, so cyclic garbage is still freed, later than
+under the defaults: RSS under load sat about 1 MiB above theirs (docs/operations.md).
 `settings.gc_tuning` off leaves Python's defaults. A library user who serves
 `create_app` under a server of their own can call `apply` the same way.
 """
