@@ -17,12 +17,13 @@ lifespan done), before it handles a request:
   still freed by reference counting; only a cycle among them would stay, and start-up
   objects do not form and drop cycles at run time;
 - thresholds `GC_THRESHOLDS`: a full pass is considered every 70 generation-1 passes
-  instead of 10, so full passes come about a sixth as often (measured: 7 instead of
-  44 in 72 s at 100 runs) and, with the start-up objects frozen, each is about half
+  instead of 10, so full passes come about a sixth as often (measured: 46 instead of
+  260 in 408 s at 100 runs) and, with the start-up objects frozen, each is about half
   as long. The young thresholds stay Python's: a larger first one (2,000 was tried)
   makes fewer passes but the middle ones twice as long, and kept more garbage waiting.
 Every generation is still collected, so cyclic garbage is still freed, later than
-under the defaults: RSS under load sat about 1 MiB above theirs (docs/operations.md).
+under the defaults: over 15 minutes under load RSS levelled off within 1 MiB of
+theirs (docs/operations.md).
 `settings.gc_tuning` off leaves Python's defaults. A library user who serves
 `create_app` under a server of their own can call `apply` the same way.
 """
