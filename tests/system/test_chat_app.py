@@ -35,7 +35,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,7 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 from gateway.settings import Settings
 from tests.support.browser import ARTIFACTS, chromium, skip_without_chromium
 from tests.support.http_server import HEARTBEAT_SECONDS, RunningServer, make_settings, serve
+from tests.support.proxies import wait_until
 from tests.test_cli import Server, clean_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -381,23 +382,18 @@ def chat_app(
             [app_set.node, "server.mjs"], cwd=CHAT_DIR, env=env, stdout=out, stderr=out
         )
         try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while (listening := re.search(r"listening on (\S+)", log.read_text())) is None:
+
+            def listening() -> bool:  # the server process writes the line: poll its log
                 assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, f"the app did not start: {log.read_text()}"
-                time.sleep(0.05)  # the server process writes the line; nothing to await here
-            app_network.target = _address(listening.group(1))
+                return "listening on " in log.read_text()
+
+            wait_until("the chat app", listening, START_TIMEOUT, log.read_text)
+            found = re.search(r"listening on (\S+)", log.read_text())
+            assert found is not None
+            app_network.target = _address(found.group(1))
             yield ChatApp(app_network.url, gateway, app_network, gateway_network, proc, log)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-            app_network.close()
-            gateway_network.close()
-            print(f"app server log:\n{log.read_text()}")  # pytest shows it when a test fails
+            stop_app(proc, (app_network, gateway_network), log, "app server")
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -791,3 +787,17 @@ async def test_a_second_message_after_a_reload(app_set: AppSet, chat_app: ChatAp
         ("success", answer_text(first)),
         ("success", answer_text(second)),
     ]
+
+
+def stop_app(proc: subprocess.Popen[bytes], networks: Sequence[Any], log: Path, name: str) -> None:
+    """End an app server process and the relays in front of it; print its log (pytest
+    shows it when a test fails)."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    for network in networks:
+        network.close()
+    print(f"{name} log:\n{log.read_text()}")

@@ -31,6 +31,7 @@ import pytest
 from gateway.settings import Settings
 from tests.support.browser import skip_without_chromium
 from tests.support.http_server import make_settings, serve
+from tests.support.proxies import wait_until
 from tests.system.test_chat_app import (
     API_KEY,
     APP_KID,
@@ -55,6 +56,7 @@ from tests.system.test_chat_app import (
     open_chat,
     send,
     sources_digest,
+    stop_app,
     turn_text,
     wait_answer,
     wait_run_status,
@@ -160,28 +162,16 @@ def next_app(
             stderr=out,
         )
         try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:  # next start prints "Ready" before it answers: ask it instead
+
+            def answering() -> bool:  # next start prints "Ready" before it answers: ask it
                 assert proc.poll() is None, log.read_text()
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, f"next did not start: {log.read_text()}"
-                time.sleep(0.1)
+                return httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200
+
+            wait_until("next start", answering, START_TIMEOUT, log.read_text)
             app_network.target = ("127.0.0.1", port)
             yield ChatApp(app_network.url, gateway, app_network, gateway_network, proc, log)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-            app_network.close()
-            gateway_network.close()
-            print(f"next log:\n{log.read_text()}")
+            stop_app(proc, (app_network, gateway_network), log, "next")
 
 
 async def test_send_and_reload_mid_answer(next_app: ChatApp) -> None:
