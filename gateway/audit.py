@@ -52,7 +52,7 @@ from typing import Any, Final, Literal
 import redis
 from redis.cluster import RedisCluster
 
-from .redis.bridge import CLUSTER_SCHEMES
+from .redis.connect import CLUSTER_SCHEMES
 from .redis.keys import FIELD_END, check_prefix
 from .redis.replies import as_text
 

@@ -8,7 +8,7 @@
 -- dropped entries itself.
 --
 -- On one server the bridge reads the same in one MULTI/EXEC of plain commands instead
--- (`RedisStreamBridge._read`, `_open_transaction`): a script's reply converts every entry
+-- (`gateway/redis/reads.py`): a script's reply converts every entry
 -- to a Lua table and back, several times the XRANGE's own cost. This script is the
 -- cluster's read (its client routes a script to the slot's node); keep the two alike.
 --

@@ -1,12 +1,17 @@
 """Everything that speaks Redis, in one package (the memory backend needs none of it).
 
-bridge.py        RedisStreamBridge: connect, the call boundary (`command`: deadlines,
-                 retries, error mapping that never shows the address), publish, read;
-                 `_RunView`, a subscription's view for the shared loop (bridge/reader.py)
+bridge.py        RedisStreamBridge: the producer's writes, and the wiring of the rest
+calls.py         the one call boundary (a pass at the pool, the deadline, re-sends, one
+                 error mapping that never shows the address): the bridge's and the
+                 session store's
+connect.py       connection setup: the command client, where the notifier listens
+reads.py         reads of a run, one round trip each; first reads shared by a crowd
+view.py          RunView, a subscription's view for the shared loop (bridge/reader.py)
+session_hints.py a session's side of a run's writes: its order, the index hints
 sessions.py      RedisSessionStore: turn records in their runs' slots, the session index,
-                 on the bridge's call boundary
+                 on the same call boundary
 wire.py          the command pool and its connections (commands packed with hiredis)
-turns.py         turns at the pool; the connections scripts keep between turns
+pool.py          PoolGate: passes at the pool; the connections scripts keep between them
 notifier.py      change notifications: sharded pub/sub, one listener per node
 fanout.py        RunFeed: a run's log read once per change, shared by local subscribers
 codec.py         stream entries, read replies and pushed notifications, decoded

@@ -150,7 +150,7 @@ def stream_info(info: Any) -> dict[bytes, Any]:
 
 
 def parse_log_read(record: Sequence[Any], info: Any, raw: Sequence[Any], after: str) -> LogRead:
-    """The replies of the bridge's read transaction (`RedisStreamBridge._read`) as the
+    """The replies of the bridge's read transaction (`reads.Reads.read`) as the
     same `LogRead` `read.lua` gives: `record` HMGET status err end_id last of the run
     record, `info` XINFO STREAM of the log (an error reply when there is no log), `raw`
     the XRANGE from the reader's position `after`, inclusive (see `_log_read`)."""

@@ -25,12 +25,11 @@ further windows of twice the shortfall, at most `MAX_WINDOWS` windows.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import orjson
@@ -44,8 +43,10 @@ from ..sessions import turns as T
 from ..sessions.base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from ..sessions.watch import TurnSignal
 from ..settings import Settings
+from .calls import Calls
 from .keys import run_keys
 from .notifier import Notifier
+from .pool import PoolGate
 from .replies import as_text
 from .scripts import ensure_loaded, lua_source
 from .session_keys import SessionKeys, check_prefix, index_keys, session_keys
@@ -58,7 +59,6 @@ R = TypeVar("R")
 PENDING_CLAIM_MS: Final = 30_000
 MAX_RETRIES: Final = 8  # clear attempts while claims keep moving the session counter
 MAX_WINDOWS: Final = 4  # index windows one list_sessions call may read
-_BACKEND_ERRORS: Final = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
 def _score(value: bytes | str | float) -> float:
@@ -84,39 +84,6 @@ async def _gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
     if failures:
         raise failures[0]
     return results
-
-
-class CallBoundary(Protocol):
-    """Where a Redis call is made: the bridge's (`RedisStreamBridge.command`)."""
-
-    async def command(self, operation: Callable[[], Awaitable[R]]) -> R: ...
-
-    async def replicated(self) -> None:
-        """Once the replicas asked for (`min_replicas_acked`) hold every write so far."""
-
-
-class _Bounded:
-    """A boundary for a store used without a bridge (tools, tests): the same rules,
-    the command deadline and errors that never name the server."""
-
-    def __init__(self, settings: Settings, turns: AbstractAsyncContextManager[None]) -> None:
-        self._timeout = settings.redis_command_timeout_seconds
-        self._turns = turns
-
-    async def command(self, operation: Callable[[], Awaitable[R]]) -> R:
-        try:
-            async with self._turns:
-                with anyio.fail_after(self._timeout):
-                    return await operation()
-        except TimeoutError as exc:
-            raise BackendUnavailable(f"Redis did not answer within {self._timeout:g} s") from exc
-        except _BACKEND_ERRORS as exc:
-            raise BackendUnavailable("Redis is unavailable") from exc
-        except redis_errors.RedisError as exc:
-            raise BackendUnavailable(f"Redis error ({type(exc).__name__})") from exc
-
-    async def replicated(self) -> None:
-        """Nothing to wait for: a store used without a bridge asks for no replicas."""
 
 
 def _record(run_id: str, reply: list[Any]) -> dict[str, Any] | None:
@@ -155,14 +122,16 @@ class RedisSessionStore:
         client: RedisClient,
         *,
         notifier: Notifier | None = None,
-        boundary: CallBoundary | None = None,
+        calls: Calls | None = None,
     ) -> None:
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = client
-        # Every call goes through the bridge's boundary (turns at the pool they share,
-        # deadline, retries, error mapping: redis/bridge.py), or the same rules alone.
-        self._boundary = boundary or _Bounded(
-            settings, asyncio.Semaphore(settings.redis_max_connections)
+        # Every call crosses the bridge's boundary (passes at the pool they share,
+        # deadline, retries, error mapping: calls.py), or one of its own alone.
+        self._calls = calls or Calls(
+            settings,
+            client,
+            PoolGate(settings.redis_max_connections, None, settings.redis_idle_connection_seconds),
         )
         self._notifier = notifier  # the bridge's: session feeds wait on it
         self._index = index_keys(self._prefix)
@@ -189,7 +158,7 @@ class RedisSessionStore:
         return self._notifier.watch(self._keys(session_id).feed)
 
     async def _call(self, operation: Callable[[], Awaitable[R]]) -> R:
-        return await self._boundary.command(operation)
+        return await self._calls.call(operation)
 
     async def ensure_scripts(self) -> int:
         """Readiness: load any of the session scripts Redis lacks; how many it loaded."""
@@ -364,7 +333,7 @@ class RedisSessionStore:
             ["remove", session_id, "1e308" if retire else repr(when)],
         )
         await self._call(lambda: self._redis.spublish(keys.feed, b""))  # wake its feeds
-        await self._boundary.replicated()  # (min_replicas_acked: the deletion is on them)
+        await self._calls.replicated()  # (min_replicas_acked: the deletion is on them)
         return run_ids
 
     async def is_retired(self, session_id: str) -> bool:

@@ -39,7 +39,7 @@ class CheckedPool(ConnectionPool):
     its maintenance notifications are "auto", the default: the connection was handed
     out and its command failed (a 503, as a write is never re-sent). `ensure_connection`
     is the pool's public hook for the check; the connections the bridge keeps for its
-    scripts (`turns.py`) go through it too. `can_read` does no I/O.
+    scripts (`pool.py`) go through it too. `can_read` does no I/O.
 
     It also notes when each connection came back (`release`), so that the turns can take
     the ones unused for a while out of it (`take_idle`): the pool opens connections as

@@ -14,7 +14,9 @@ from .memory import MemorySessionStore
 def session_store_for(bridge: StreamBridge, settings: Settings) -> SessionStore:
     """Turns go where the runs are: the bridge's Redis, or process memory."""
     if isinstance(bridge, RedisStreamBridge):
-        return RedisSessionStore(settings, bridge.client, notifier=bridge.notifier, boundary=bridge)
+        return RedisSessionStore(
+            settings, bridge.client, notifier=bridge.notifier, calls=bridge.calls
+        )
     if isinstance(bridge, MemoryStreamBridge):
         return bridge.sessions  # the bridge writes its turn records in its own steps
     return MemorySessionStore(settings)

@@ -96,7 +96,8 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
     async with open_bridge(settings) as bridge:
         await _ended_run(bridge, "again", 1)
         written: list[str] = []
-        tail = bridge._tail  # type: ignore[attr-defined]
+        reads = bridge._reads  # type: ignore[attr-defined]
+        tail = reads.tail
 
         async def tail_then_rewrite(keys: object) -> object:
             # The reader saw the END; then the run's keys vanish (expiry, eviction) and a
@@ -118,14 +119,14 @@ async def test_a_reader_of_an_ended_log_written_again_subscribes_and_follows_it(
             written.extend(unheard.ids)
             await follow(feed)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(bridge, "_tail", tail_then_rewrite)
+        monkeypatch.setattr(reads, "tail", tail_then_rewrite)
         monkeypatch.setattr(bridge.notifier, "follow", write_then_follow)
         # A malformed cursor: the one reader that looks at the tail before its first read
         # (an ended log is replayed through its END, an active one followed from its tail).
         subscription = bridge.subscribe("again", "not-a-cursor")
         with anyio.fail_after(5):
             first = await anext(subscription)
-            monkeypatch.setattr(bridge, "_tail", tail)
+            monkeypatch.setattr(reads, "tail", tail)
             second = await anext(subscription)  # read once more after subscribing
             later, third = await _next_written_while_waiting(
                 fresh_redis, key_prefix, bridge, subscription, "again", written[0]
@@ -212,7 +213,7 @@ async def test_a_follower_waiting_for_a_runs_first_event_does_not_poll(
         with fresh_redis.client() as raw:
             raw.config_resetstat()
             await asyncio.sleep(0.5)  # the span observed: a follower with nothing to read
-            # One transaction per read (`RedisStreamBridge._read`).
+            # One transaction per read (`reads.Reads.read`).
             reads = raw.info("commandstats").get("cmdstat_exec", {}).get("calls", 0)
         assert not first.done()
         ids = (await bridge.publish("quiet", "token", 1, producer_token=claim.token)).ids
@@ -233,7 +234,7 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
     skip. The reader's two steps (its view's placement, its first read) are taken by hand
     so the trim lands between them."""
     from gateway.bridge import rules
-    from gateway.redis.bridge import RedisStreamBridge, _RunView
+    from gateway.redis.bridge import RedisStreamBridge
 
     settings = Settings(
         redis_url=redis_server.url, redis_key_prefix=key_prefix, max_events_per_run=3
@@ -245,7 +246,7 @@ async def test_a_malformed_cursor_s_first_read_is_checked_against_the_floor(
             for n in range(2):
                 await bridge.publish("malformed-floor", "token", n, producer_token=claim.token)
             keys = run_keys(key_prefix, "malformed-floor")
-            view = _RunView(bridge, keys, None)
+            view = bridge._view(keys)
             # The reader's first step: placed at the log's tail.
             async with view.attached(rules.parse_start("not-a-cursor")) as (phase, position):
                 assert phase is rules.Phase.SEEN and position is not None

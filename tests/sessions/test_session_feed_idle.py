@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 
-from gateway.redis.bridge import RedisStreamBridge
+from gateway.redis.session_hints import SessionHints
 from tests.sessions.test_session_feed import assert_turn, open_feed, turn
 from tests.support.http_server import make_settings, serve
 from tests.support.redis_servers import RedisServer
@@ -60,7 +60,7 @@ async def test_a_turn_reaches_the_feeds_though_its_gateway_announced_nothing(
     """The claiming gateway dies before its own announcement (here: it never makes it);
     a feed on another gateway opens the turn at once, not at a heartbeat (30 s)."""
 
-    async def silent(self: RedisStreamBridge, session_id: str, stamp: str) -> None:
+    async def silent(self: SessionHints, session_id: str, stamp: str) -> None:
         return None
 
     settings = make_settings("redis", fresh_redis.url, key_prefix, heartbeat_interval_seconds=30)
@@ -70,7 +70,7 @@ async def test_a_turn_reaches_the_feeds_though_its_gateway_announced_nothing(
             httpx.AsyncClient(base_url=writer.base_url, timeout=10) as w,
             open_feed(r, "quiet") as feed,
         ):
-            monkeypatch.setattr(RedisStreamBridge, "_turn_opened", silent)
+            monkeypatch.setattr(SessionHints, "opened", silent)
             with anyio.fail_after(10):  # well under the 30 s heartbeat
                 await turn(w, "quiet", "quiet-r1", ["a"])
                 got = await feed.events(1)

@@ -1,29 +1,32 @@
-"""Turns at the Redis command pool, and the connections scripts keep between turns.
+"""The gate of the Redis command pool (passes, first come first served), and the
+connections scripts keep between passes.
 
-Every caller of the command pool takes a turn first, first come first served: redis-py's
+(A "pass" here is a caller's place at the pool; a chat's turn is `sessions.turns`.)
+
+Every caller of the command pool takes a pass first, first come first served: redis-py's
 pool hands a released connection to whichever caller asks next, so under saturation a
 caller that just released one takes it back before a woken waiter runs, and a waiter can
-starve past the command timeout. There are as many turns as the pool has connections,
-so a caller with its turn always finds one free.
+starve past the command timeout. There are as many passes as the pool has connections,
+so a caller with its pass always finds one free.
 
 Scripts (every write, and the readers' `read.lua`) are most of the traffic and need
 none of the client's per-command machinery (response callbacks, retries, which are off
 anyway, and the pool's checkout and check-in, about a quarter of a script call's CPU):
-a script turn (`connection()`) gets a connection the turns keep between uses, and sends
+a script pass (`connection()`) gets a connection the passes keep between uses, and sends
 on it directly. Kept connections stay checked out of the pool (it counts them against its
-size until it has them back), so the pool could run dry for a caller with a turn; such a
-turn first gives back idle kept connections whenever kept ones (idle, in use, being
-opened) and pool turns together would exceed the pool's size, and waits until the pool
-has them. (Those in use or being opened and the pool turns together never do: they hold
-turns.) A give-back runs in the bridge's task group (`give_back_in`), not in the caller,
+size until it has them back), so the pool could run dry for a caller with a pass; such a
+pass first gives back idle kept connections whenever kept ones (idle, in use, being
+opened) and pool passes together would exceed the pool's size, and waits until the pool
+has them. (Those in use or being opened and the pool passes together never do: they hold
+passes.) A give-back runs in the bridge's task group (`give_back_in`), not in the caller,
 and the connection counts as kept until it is done, so no cancellation of a caller
-leaves a connection out of both the turns and the pool.
+leaves a connection out of both the passes and the pool.
 
 Connections follow the load: both kinds are opened only when every open one is busy
-(redis-py's pool makes one when its free list is empty; a script turn takes the kept one
+(redis-py's pool makes one when its free list is empty; a script pass takes the kept one
 used last, or waits for the next one given back while `CONNECTING_AT_ONCE` are being
 opened), and a connection unused for `idle_seconds` is closed, checked at the end of
-a turn at most every `idle_seconds / 4` (`_close_idle`). So a burst that keeps them busy
+a pass at most every `idle_seconds / 4` (`_close_idle`). So a burst that keeps them busy
 may open up to the pool's size (a storm of short reads opens a few: they queue for the
 ones being opened), and afterwards the process holds what its steady load uses: one
 follower and one producer, two or three.
@@ -47,8 +50,8 @@ from redis.exceptions import ConnectionError, ResponseError
 
 log = logging.getLogger(__name__)
 
-# Kept connections being opened at once, at most: a script turn that finds none idle
-# while this many are connecting waits for the next one a turn gives back (first come,
+# Kept connections being opened at once, at most: a script pass that finds none idle
+# while this many are connecting waits for the next one a pass gives back (first come,
 # first served) instead of opening yet another. A burst (a storm of cold resumes) then
 # pipelines its reads on a few connections rather than paying a connection's three
 # handshake round trips (and Redis its HELLO and refusals) for each of dozens; a load
@@ -56,8 +59,8 @@ log = logging.getLogger(__name__)
 CONNECTING_AT_ONCE = 4
 
 
-class Turns:
-    """`async with turns:` for a caller of the client; `async with turns.connection()`
+class PoolGate:
+    """`async with gate:` for a caller of the client; `async with gate.connection()`
     for a script sent on a kept connection (`pool`: None on a cluster, where scripts go
     through the cluster client, which routes them)."""
 
@@ -72,18 +75,18 @@ class Turns:
         self._idle: list[AbstractConnection] = []
         self._idle_since: list[float] = []
         self._kept = 0  # kept connections, idle or in use
-        self._pooled = 0  # turns of callers of the client
+        self._pooled = 0  # passes of callers of the client
         self._idle_seconds = idle_seconds
         self._next_check = time.monotonic() + idle_seconds / 4
         self._checking = False
         self._connecting = 0  # kept connections being opened
         # Kept connections being given back to the pool: still counted in `_kept` (the
-        # pool counts them as handed out until its release has run), and turns that need
+        # pool counts them as handed out until its release has run), and passes that need
         # the pool's room wait for them (`_wait_room`).
         self._returning = 0
         self._room: list[asyncio.Future[None]] = []
         self._tasks: TaskGroup | None = None  # where give-backs run (`give_back_in`)
-        # Script turns waiting for a kept connection (`CONNECTING_AT_ONCE`): each is
+        # Script passes waiting for a kept connection (`CONNECTING_AT_ONCE`): each is
         # handed the next one given back, or None: "open one yourself" (a connect failed).
         self._waiting: deque[asyncio.Future[AbstractConnection | None]] = deque()
 
@@ -95,9 +98,9 @@ class Turns:
         await self._semaphore.acquire()
         self._pooled += 1
         try:
-            # The pool must have room for this turn: every connection it counts as handed
+            # The pool must have room for this pass: every connection it counts as handed
             # out is a kept one (idle, in use, being opened or given back) or another pool
-            # turn's. Turns hold the pool's size in permits, so only idle kept connections
+            # pass's. Passes hold the pool's size in permits, so only idle kept connections
             # can be over; give them back, and wait until the pool has them.
             while self._over():
                 if self._idle and self._tasks is not None and self._over(self._returning):
@@ -124,9 +127,9 @@ class Turns:
 
     def _give_back(self, connection: AbstractConnection) -> None:
         """Return a kept connection to the pool, in the bridge's task group rather than
-        in the caller: no cancellation of a caller can leave it out of both the turns and
+        in the caller: no cancellation of a caller can leave it out of both the passes and
         the pool. It stays counted in `_kept` until the pool has it (redis-py's release
-        takes a lock): a turn that needs the room meanwhile waits (`_wait_room`)."""
+        takes a lock): a pass that needs the room meanwhile waits (`_wait_room`)."""
         assert self._tasks is not None
         self._returning += 1
         self._tasks.start_soon(self._release, connection)
@@ -135,7 +138,7 @@ class Turns:
         assert self._pool is not None
         try:
             await self._pool.release(connection)
-        except Exception as exc:  # (it is out of the turns' use either way)
+        except Exception as exc:  # (it is out of the passes' use either way)
             log.warning("giving a kept Redis connection back failed: %r", exc)
         finally:
             self._returning -= 1
@@ -171,7 +174,7 @@ class Turns:
         self._semaphore.release()
 
     def _keep(self, connection: AbstractConnection) -> None:
-        while self._waiting:  # straight to the turn that waited longest
+        while self._waiting:  # straight to the pass that waited longest
             waiter = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(connection)
@@ -188,9 +191,9 @@ class Turns:
 
     async def _close_idle(self) -> None:
         """Close the connections (kept, and the pool's free ones) unused for
-        `idle_seconds`. Checked as a turn ends, at most every `idle_seconds / 4`: no
+        `idle_seconds`. Checked as a pass ends, at most every `idle_seconds / 4`: no
         timer, and a process that makes no call at all has none to close. The closing
-        runs in the bridge's task group: the turn's caller does not wait for it."""
+        runs in the bridge's task group: the pass's caller does not wait for it."""
         if self._checking or self._pool is None or self._tasks is None:
             return
         self._checking = True
@@ -231,8 +234,8 @@ class Turns:
                         log.info("closing an idle Redis connection failed: %s", exc)
 
     def connection(self) -> Held:
-        """A turn that sends its commands on a kept connection of its own:
-        `async with turns.connection() as held: await held.execute(packed)`."""
+        """A pass that sends its commands on a kept connection of its own:
+        `async with gate.connection() as held: await held.execute(packed)`."""
         assert self._pool is not None, "a cluster's scripts go through its client"
         return Held(self)
 
@@ -248,7 +251,7 @@ class Turns:
             await self._idle.pop().disconnect(nowait=True)
 
     async def _checkout(self, held: Held) -> AbstractConnection:
-        """A connection for `held`, set on it before any await (so that the turn's end
+        """A connection for `held`, set on it before any await (so that the pass's end
         keeps it whatever happens), checked as the pool checks what it hands out (one
         the server closed, holding unread data or marked to reconnect connects anew)."""
         assert self._pool is not None
@@ -265,11 +268,11 @@ class Turns:
             return connection
         if self._kept + self._connecting + self._pooled >= self._size and self._returning:
             # The pool may be full of kept connections being given back (they hold no
-            # turn): wait until one is back in it, then look again.
+            # pass): wait until one is back in it, then look again.
             await self._wait_room()
             return await self._checkout(held)
-        # The pool has one free: kept ones in use, those being opened and pool turns
-        # hold turns, and there is no idle or returning kept one (module docstring).
+        # The pool has one free: kept ones in use, those being opened and pool passes
+        # hold passes, and there is no idle or returning kept one (module docstring).
         self._connecting += 1
         try:
             made: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
@@ -283,7 +286,7 @@ class Turns:
         return made
 
     async def _wait_for_one(self) -> AbstractConnection | None:
-        """Until a turn gives a kept connection back (ours now), or a connect failed
+        """Until a pass gives a kept connection back (ours now), or a connect failed
         (None: open one). A cancelled waiter passes on what it was handed."""
         waiter: asyncio.Future[AbstractConnection | None]
         waiter = asyncio.get_running_loop().create_future()
@@ -298,25 +301,25 @@ class Turns:
                 else:
                     self._keep(handed)
             else:
-                waiter.cancel()  # (left in the queue; skipped when its turn comes)
+                waiter.cancel()  # (left in the queue; skipped when its pass comes)
             raise
 
 
 class Held:
-    """One connection turn: its commands go on one kept connection, taken at the first
+    """One connection pass: its commands go on one kept connection, taken at the first
     command (so that a failure to connect is that command's error) and kept again when
-    the turn ends. A command interrupted on it (an error, a cancellation) leaves it
+    the pass ends. A command interrupted on it (an error, a cancellation) leaves it
     disconnected (redis-py's connection does that itself), and the next command on it
     connects again."""
 
-    __slots__ = ("_turns", "connection")
+    __slots__ = ("_gate", "connection")
 
-    def __init__(self, turns: Turns) -> None:
-        self._turns = turns
+    def __init__(self, gate: PoolGate) -> None:
+        self._gate = gate
         self.connection: AbstractConnection | None = None
 
     async def __aenter__(self) -> Held:
-        await self._turns._semaphore.acquire()
+        await self._gate._semaphore.acquire()
         return self
 
     async def __aexit__(
@@ -325,30 +328,30 @@ class Held:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        turns = self._turns
+        gate = self._gate
         if self.connection is not None:
-            turns._keep(self.connection)
+            gate._keep(self.connection)
             self.connection = None
-        turns._semaphore.release()
-        if time.monotonic() >= turns._next_check:
-            await turns._close_idle()
+        gate._semaphore.release()
+        if time.monotonic() >= gate._next_check:
+            await gate._close_idle()
 
     async def server(self) -> str:
-        """The identity of the server this turn's connection reaches (`CheckedPool.
+        """The identity of the server this pass's connection reaches (`CheckedPool.
         server_of`), connecting it first if needed, so that a command packed with it next
         goes to that very server (a connection that connects anew learns its server
         before anything is sent on it)."""
-        connection = self.connection or await self._turns._checkout(self)
+        connection = self.connection or await self._gate._checkout(self)
         if not connection.is_connected:
             await connection.connect()  # type: ignore[no-untyped-call]
-        server_of = getattr(self._turns._pool, "server_of", None)  # (a CheckedPool's)
+        server_of = getattr(self._gate._pool, "server_of", None)  # (a CheckedPool's)
         return "" if server_of is None else str(server_of(connection))
 
     async def execute(self, packed: bytes) -> Any:
         """Send one packed command (`wire.pack`) and return its raw reply (an error
         reply is raised)."""
-        connection = self.connection or await self._turns._checkout(self)
-        # (No health check: redis-py's is off here; the turns check what they hand out.)
+        connection = self.connection or await self._gate._checkout(self)
+        # (No health check: redis-py's is off here; the passes check what they hand out.)
         await connection.send_packed_command(packed, check_health=False)
         return await connection.read_response()
 
@@ -358,7 +361,7 @@ class Held:
         joined first) and return their `replies` raw replies. Every reply is read even when
         one is an error (raised then, after the last), so none is left on the connection
         for the next command."""
-        connection = self.connection or await self._turns._checkout(self)
+        connection = self.connection or await self._gate._checkout(self)
         await connection.send_packed_command(packed, check_health=False)
         out: list[Any] = []
         refused: ResponseError | None = None

@@ -1,12 +1,12 @@
-"""The turns' accounting of the Redis pool (`gateway/redis/turns.py`), on a real Redis.
+"""The passes' accounting of the Redis pool (`gateway/redis/pool.py`), on a real Redis.
 
 redis-py's pool counts every connection it handed out against its size until it is
-released. The turns keep connections for scripts checked out of it, and promise that a
-caller holding a turn always finds a connection. Each test below breaks that promise
-on a small pool before the fix it names: a kept connection out of both the turns' lists
+released. The passes keep connections for scripts checked out of it, and promise that a
+caller holding a pass always finds a connection. Each test below breaks that promise
+on a small pool before the fix it names: a kept connection out of both the passes' lists
 and the pool's free list (closed, given back late, or being opened) left the pool full
-for a caller with a turn, which then got redis-py's MaxConnectionsError (a 503).
-The tests drive the turns through the bridge and read the turns' own counters only to
+for a caller with a pass, which then got redis-py's MaxConnectionsError (a 503).
+The tests drive the passes through the bridge and read the passes' own counters only to
 time a step; what they assert is what a caller sees.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from gateway.bridge.provider import open_bridge
 from gateway.redis.bridge import RedisStreamBridge
-from gateway.redis.turns import Turns
+from gateway.redis.pool import PoolGate
 from gateway.redis.wire import pack
 from gateway.settings import Settings
 
@@ -54,14 +54,14 @@ async def outcome(call: Awaitable[object]) -> str:
     return "ok"
 
 
-async def kept_idle(turns: Turns, count: int) -> None:
-    """Open `count` kept connections at once (script turns), then leave them idle."""
+async def kept_idle(gate: PoolGate, count: int) -> None:
+    """Open `count` kept connections at once (script passes), then leave them idle."""
     opened = asyncio.Event()
     inside = 0
 
     async def one() -> None:
         nonlocal inside
-        async with turns.connection() as held:
+        async with gate.connection() as held:
             await held.execute(pack("PING"))
             inside += 1
             if inside == count:
@@ -83,10 +83,10 @@ async def bridge4(redis_url: str, key_prefix: str) -> AsyncIterator[RedisStreamB
 async def test_a_caller_cancelled_while_its_turn_closes_idle_connections_loses_none(
     bridge4: RedisStreamBridge,
 ) -> None:
-    """A turn's end closes the connections unused for the idle limit. When that turn's
+    """A pass's end closes the connections unused for the idle limit. When that pass's
     caller is cancelled meanwhile (an SSE client gone), every one of them still goes
     back to the pool: bursts after it get every connection the pool has."""
-    turns = bridge4.turns
+    gate = bridge4.gate
     runs = [f"cancel-{n}" for n in range(8)]
     tokens = [(await bridge4.claim(run_id, lease_seconds=60)).token for run_id in runs]
     outcomes: list[str] = []
@@ -105,7 +105,7 @@ async def test_a_caller_cancelled_while_its_turn_closes_idle_connections_loses_n
         with anyio.CancelScope() as scope:
 
             async def cancel_while_closing() -> None:
-                await until(lambda: turns._checking)
+                await until(lambda: gate._checking)
                 scope.cancel()
 
             async with anyio.create_task_group() as tg:
@@ -121,26 +121,26 @@ async def test_a_client_call_while_a_script_opens_a_connection_finds_one(
     that starts then counts it, and gives an idle kept connection back to make room."""
     async with open_bridge(settings(redis_url, key_prefix, 2, idle=60.0)) as bridge:
         assert isinstance(bridge, RedisStreamBridge)
-        turns = bridge.turns
+        gate = bridge.gate
         await bridge.claim("opening", lease_seconds=60)
         first_may_end = asyncio.Event()
 
         async def holding() -> None:
-            async with turns.connection() as held:
+            async with gate.connection() as held:
                 await held.execute(pack("PING"))
                 await first_may_end.wait()
 
         async def opening() -> None:
-            async with turns.connection() as held:
+            async with gate.connection() as held:
                 await held.execute(pack("PING"))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(holding)
-            await until(lambda: turns._kept == 1)
+            await until(lambda: gate._kept == 1)
             tg.start_soon(opening)
-            await until(lambda: turns._connecting == 1)
+            await until(lambda: gate._connecting == 1)
             first_may_end.set()  # its connection is idle while the other is being opened
-            await until(lambda: turns._idle)
+            await until(lambda: gate._idle)
             assert await outcome(bridge.get_run("opening")) == "ok"
 
 
@@ -152,7 +152,7 @@ async def test_calls_ready_while_idle_connections_go_back_find_a_connection(
     that, instead of finding the pool full."""
     async with open_bridge(settings(redis_url, key_prefix, 2)) as bridge:
         assert isinstance(bridge, RedisStreamBridge)
-        turns = bridge.turns
+        gate = bridge.gate
         loop = asyncio.get_running_loop()
         token = (await bridge.claim("ready", lease_seconds=60)).token
         for calls in (
@@ -162,10 +162,10 @@ async def test_calls_ready_while_idle_connections_go_back_find_a_connection(
                 bridge.publish("ready", "e", 2, producer_token=token),
             ],
         ):
-            await kept_idle(turns, 2)
+            await kept_idle(gate, 2)
             await anyio.sleep(IDLE * 1.5)  # both idle past the limit (time is the input)
             tasks = []
-            async with turns.connection() as held:  # takes one; its end closes the other
+            async with gate.connection() as held:  # takes one; its end closes the other
                 await held.execute(pack("PING"))
                 tasks = [loop.create_task(outcome(call)) for call in calls()]
             assert await asyncio.gather(*tasks) == ["ok"] * len(tasks)
