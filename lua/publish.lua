@@ -11,7 +11,8 @@
 -- ARGV[4]  the largest notification that carries the events themselves, bytes
 -- ARGV[5]  trim slack: events past ARGV[2] tolerated before trimming (0: always exact)
 -- ARGV[6]  the batch's producer sequence number, "" when unnumbered (see below)
--- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown), for
+-- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown; "?": ask
+--          the server, on a cluster), for
 --          the run's epoch (entry_id.lua)
 -- ARGV[8..] event name, JSON payload, event name, JSON payload, ...
 -- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
@@ -212,7 +213,8 @@ local floor = nil
 if not tail and meta[7] then
   floor = meta[7]
 end
-local epoch, epoch_moved = run_epoch(meta[18], meta[19], ARGV[7])
+local server = server_identity(ARGV[7])
+local epoch, epoch_moved = run_epoch(meta[18], meta[19], server)
 local prev = tail and tail[1] or meta[7]
 local in_log = tail ~= nil
 
@@ -311,7 +313,7 @@ if floor then  -- what an overlap's ids are checked against (above)
 end
 if epoch_moved then
   record[#record + 1] = 'srv'
-  record[#record + 1] = ARGV[7]
+  record[#record + 1] = server
   record[#record + 1] = 'ep'
   record[#record + 1] = string.format('%d', epoch)
 end

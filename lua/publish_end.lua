@@ -14,7 +14,8 @@
 -- ARGV[4]  "1" to run the legacy END scan, else "0"
 -- ARGV[5]  how long the finished log stays readable, ms
 -- ARGV[6]  TTL of the run record after END, ms
--- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown), for
+-- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown; "?": ask
+--          the server, on a cluster), for
 --          the run's epoch (entry_id.lua)
 -- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
 --
@@ -121,10 +122,11 @@ local floor = nil
 if not tail and meta[6] then
   floor = meta[6]
 end
-local epoch, epoch_moved = run_epoch(meta[9], meta[10], ARGV[7])
+local server = server_identity(ARGV[7])
+local epoch, epoch_moved = run_epoch(meta[9], meta[10], server)
 local next_id = entry_id(epoch, tail and tail[1] or meta[6], now, tail ~= nil)
 if epoch_moved then
-  redis.call('HSET', KEYS[1], 'srv', ARGV[7], 'ep', string.format('%d', epoch))
+  redis.call('HSET', KEYS[1], 'srv', server, 'ep', string.format('%d', epoch))
 end
 local end_id
 if ARGV[3] ~= '' then

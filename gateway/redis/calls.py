@@ -48,6 +48,8 @@ _REFUSED_ERRORS: Final = (
     redis_errors.SlotNotCoveredError,
     redis_errors.TryAgainError,
 )
+# A script's server identity argument on a cluster: the script asks its server.
+ASK_SERVER: Final = "?"
 # Retries of one call (and the first backoff, doubled each time).
 RETRIES: Final = 4
 RETRY_BACKOFF: Final = 0.05
@@ -141,12 +143,13 @@ class Calls:
         """Run a Lua script. A write is never re-sent after it may have run
         (`resend=False`). `server_at`: the index of the argument that is the identity
         of the server the script runs on, filled in from the connection it goes out on
-        (`Held.server`; "" on a cluster, whose client routes scripts). `acknowledged`:
+        (`Held.server`; on a cluster, whose client routes scripts, `ASK_SERVER`: the
+        script asks the server it runs on, lua/entry_id.lua). `acknowledged`:
         False for scripts no `WAIT` follows under `min_replicas_acked` (reads, and
         hints whose failure is only logged)."""
         if not self.keeps_connections:  # a cluster: its client routes the script
             if server_at is not None:
-                args = (*args[:server_at], "", *args[server_at + 1 :])
+                args = (*args[:server_at], ASK_SERVER, *args[server_at + 1 :])
             return await self.call(lambda: script(keys=list(keys), args=list(args)), resend=resend)
 
         fixed = (
