@@ -15,9 +15,10 @@
 -- ARGV[5]  how long ago the gateway saw the drop, ms: a renewal since (`renewed`, by
 --          this server's clock; only durations cross the wire) keeps the lease
 --
--- Returns the lease's end (ms, as a string) when this stream's lease is now cut (or was
--- already shorter), 0 when it is not this stream's to cut (another token or stream, a
--- write since, or the run has ended).
+-- Returns {the lease's end, this server's time} (ms, as strings) when this stream's lease
+-- is now cut (or was already shorter): the gateway takes only their difference, what is
+-- left of the lease, into its own clock. 0 when it is not this stream's to cut (another
+-- token or stream, a write since, or the run has ended).
 local meta = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'stream', 'last',
   'renewed')
 if not meta[1] or meta[1] ~= ARGV[1] or meta[4] ~= ARGV[2] then
@@ -36,4 +37,4 @@ if tonumber(meta[6] or '0') > now - tonumber(ARGV[5]) then
 end
 local lease_until = math.min(tonumber(meta[3] or '0'), now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', lease_until))
-return string.format('%d', lease_until)
+return {string.format('%d', lease_until), string.format('%d', now)}

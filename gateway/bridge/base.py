@@ -86,7 +86,8 @@ class StreamBridge(Protocol):
         appended after `last_id` (the last event that stream appended; None: not
         checked) and the lease was not renewed from elsewhere since the drop: a producer
         already back keeps its lease however quickly it came back. Returns when the lease
-        now ends (unix seconds), or None when it was not this stream's to cut."""
+        now ends (unix seconds, in this process's clock), or None when it was not this
+        stream's to cut."""
         ...
 
     async def publish(

@@ -350,8 +350,10 @@ class RedisStreamBridge:
             last_id or "",
             max(0, int(dropped_ago * 1000)),
         )
-        ends_ms = int(reply)
-        return ends_ms / 1000 if ends_ms > 0 else None
+        if reply == 0:
+            return None
+        # In the gateway's clock: what is left of the lease by Redis' clock, from now.
+        return time.time() + (int(reply[0]) - int(reply[1])) / 1000
 
     async def publish(
         self, run_id: str, event: str, data: Any, *, producer_token: str

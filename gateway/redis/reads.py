@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import orjson
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from ..bridge.rules import READ_BATCH, Entry, LogRead
@@ -59,17 +60,25 @@ class Reads:
     async def get_run(self, keys: RunKeys, run_id: str) -> RunInfo | None:
 
         async def fetch() -> list[Any]:
-            # Cluster pipelines route per key; both keys share a slot either way.
+            # Cluster pipelines route per key; both keys share a slot either way, and
+            # the server's clock is read where they live (see `run_info`).
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hmget(keys.meta, _INFO_FIELDS)
                 pipe.xlen(keys.log)
                 pipe.xrange(keys.log, "-", "+", count=1)
                 pipe.xrevrange(keys.log, "+", "-", count=2)
+                if isinstance(self._redis, RedisCluster):
+                    owner = self._redis.get_node_from_key(keys.meta)
+                    pipe.execute_command("TIME", target_nodes=owner)
+                else:
+                    pipe.time()
                 return list(await pipe.execute())
 
-        values, length, head, tail = await self._calls.call(fetch)
+        values, length, head, tail, clock = await self._calls.call(fetch)
         meta_raw = {k: v for k, v in zip(_INFO_FIELDS, values, strict=True) if v is not None}
-        return run_info(run_id, meta_raw, int(length), head[0] if head else None, tail)
+        return run_info(
+            run_id, meta_raw, int(length), head[0] if head else None, tail, clock_ms(clock)
+        )
 
     async def open_shared(
         self, keys: RunKeys, run_id: str, after: str
@@ -122,7 +131,7 @@ class Reads:
         command, replies = _open_transaction(keys, after)
 
         done = await self._calls.transaction(command, replies)
-        values, info_reply, tail, raw = done[-1]
+        values, info_reply, tail, clock, raw = done[-1]
         meta = {k.encode(): v for k, v in zip(_INFO_FIELDS, values, strict=True) if v is not None}
         if isinstance(info_reply, redis_errors.ResponseError):
             if "no such key" not in str(info_reply):
@@ -131,7 +140,7 @@ class Reads:
         else:
             fields = stream_info(info_reply)
             length, head = int(fields[b"length"]), fields.get(b"first-entry")
-        info = run_info(run_id, meta, length, head, tail)
+        info = run_info(run_id, meta, length, head, tail, clock_ms(clock))
         read = parse_log_read(
             [meta.get(field.encode()) for field in _RECORD_FIELDS], info_reply, raw, after
         )
@@ -220,23 +229,41 @@ def _read_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
 def _open_transaction(keys: RunKeys, after: str) -> tuple[bytes, int]:
     """`open_stream`'s commands: `get_run`'s and a read's (`_read_transaction`) in one
     transaction: HMGET, XINFO STREAM (length, first entry, bounds), XREVRANGE of the
-    last two entries (the last event when the newest is the END), XRANGE."""
+    last two entries (the last event when the newest is the END), TIME (the lease's
+    clock, `run_info`), XRANGE."""
     parts = [
         pack("MULTI"),
         pack("HMGET", keys.meta, *_INFO_FIELDS),
         pack("XINFO", "STREAM", keys.log),
         pack("XREVRANGE", keys.log, "+", "-", "COUNT", 2),
+        pack("TIME"),
     ]
     parts.append(pack("XRANGE", keys.log, after, "+", "COUNT", READ_BATCH + 1))
     parts.append(pack("EXEC"))
     return b"".join(parts), len(parts)
 
 
+def clock_ms(reply: Any) -> int:
+    """Redis' `TIME` reply (raw, or as redis-py's callback makes it) in milliseconds."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def run_info(
-    run_id: str, meta_raw: dict[Any, Any], length: int, head: Any, tail: Sequence[Any]
+    run_id: str,
+    meta_raw: dict[Any, Any],
+    length: int,
+    head: Any,
+    tail: Sequence[Any],
+    server_ms: int,
 ) -> RunInfo | None:
     """A `RunInfo` from the run record (`_INFO_FIELDS`), the log's length, its first entry (None
-    when empty) and its last two entries (XREVRANGE), newest first."""
+    when empty) and its last two entries (XREVRANGE), newest first.
+
+    `server_ms`: Redis' clock when it read them. The lease's end is stored in Redis' clock
+    (its scripts decide by it) and given here in this process's clock, by what is left of
+    it (a duration crosses over, never a time): so the liveness checks, which compare it
+    with this process's clock, are right whatever the skew between the two."""
     if not meta_raw and not length:
         return None
     meta = {as_text(k): as_text(v) for k, v in meta_raw.items()}
@@ -251,6 +278,7 @@ def run_info(
     if end_entry is not None and status == "running":
         status = end_entry.status  # type: ignore[union-attr]
     now = time.time()
+    until = int(meta.get("lease_until", 0))
     return RunInfo(
         run_id=run_id,
         session_id=meta.get("session") or None,
@@ -262,7 +290,7 @@ def run_info(
         retained_events=retained,
         cancel_requested=meta.get("cancel") == "1",
         epoch=int(meta.get("epoch", 0)),
-        lease_expires_at=int(meta.get("lease_until", 0)) / 1000,
+        lease_expires_at=now + (until - server_ms) / 1000 if until else 0.0,
         log_exists=bool(length),
         error=end_entry.error if isinstance(end_entry, End) else _error_of(meta),
     )

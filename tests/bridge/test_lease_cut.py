@@ -38,9 +38,9 @@ async def test_only_the_current_stream_cuts_and_any_write_renews(
             assert ends is not None and abs(ends - (time.time() + 2)) < 0.5
             # never lengthened
             again = await bridge.cut_lease(run_id, producer_token=token, stream="s2", grace=9)
-            assert again == ends
+            assert again == pytest.approx(ends, abs=0.05)  # (Redis: each from what is left)
             info = await bridge.get_run(run_id)
-            assert info is not None and info.lease_expires_at == ends
+            assert info is not None and info.lease_expires_at == pytest.approx(ends, abs=0.05)
             # any write renews the whole lease
             await bridge.publish(run_id, "token", {"n": 1}, producer_token=token)
             info = await bridge.get_run(run_id)

@@ -319,7 +319,7 @@ async def test_a_cold_sse_resume_costs_one_round_trip_record_bounds_and_entries(
     calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
     for handshake in ("hello", "client|setinfo", "info", "config|resetstat"):
         calls.pop(handshake, None)
-    expected = {"multi": 1, "hmget": 1, "xinfo|stream": 1, "xrevrange": 1, "xrange": 1}
+    expected = {"multi": 1, "hmget": 1, "xinfo|stream": 1, "xrevrange": 1, "time": 1, "xrange": 1}
     assert calls == {**expected, "exec": 1}, calls
 
 
@@ -357,6 +357,7 @@ async def test_a_cold_resume_of_a_live_run_has_its_replay_before_it_subscribes(
                 "hmget",
                 "xinfo|stream",
                 "xrevrange",
+                "time",
                 "xrange",
                 "exec",
             }, stats

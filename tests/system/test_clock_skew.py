@@ -1,6 +1,8 @@
 """One clock per lease decision: a gateway whose clock is a minute ahead of its Redis's
 (as a Redis a minute behind would be) still reports a lease that has not run out, and
-its streamed appends are not cut as idle at once.
+its streamed appends are not cut as idle at once; one whose clock is a minute behind (a
+Redis a minute ahead) ends a run whose producer vanished when its lease ends, not a
+minute later.
 
 The lease's expiry is reported in the gateway's own clock, from the lease's length as
 Redis counted it, never by comparing Redis' `lease_until` with the gateway's time.
@@ -12,7 +14,7 @@ gateway is the one moved).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -29,8 +31,7 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEW = 60  # seconds the gateway's clock runs ahead of Redis'
 
 
-@pytest.fixture
-def skewed_gateway(key_prefix: str) -> object:
+def _skewed(key_prefix: str, skew: str) -> Iterator[GatewayProcess]:
     if not LIBFAKETIME.exists():
         pytest.skip("libfaketime is not installed (scripts/bootstrap installs faketime)")
     with (
@@ -38,10 +39,46 @@ def skewed_gateway(key_prefix: str) -> object:
         GatewayProcess(
             redis.url,
             key_prefix=key_prefix,
-            env={"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"+{SKEW}s"},
+            heartbeat=0.5,  # the liveness monitor's interval
+            env={"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": skew},
         ) as gateway,
     ):
         yield gateway
+
+
+@pytest.fixture
+def skewed_gateway(key_prefix: str) -> Iterator[GatewayProcess]:
+    yield from _skewed(key_prefix, f"+{SKEW}s")
+
+
+@pytest.fixture
+def lagging_gateway(key_prefix: str) -> Iterator[GatewayProcess]:
+    yield from _skewed(key_prefix, f"-{SKEW}s")
+
+
+async def test_a_vanished_producer_s_run_ends_when_its_lease_does(
+    lagging_gateway: GatewayProcess,
+) -> None:
+    """The liveness check compares the lease's end with this process's clock: the end
+    must be in it (what Redis says is left, from now), not Redis' `lease_until`, which
+    here lies a minute in the gateway's future."""
+    async with httpx.AsyncClient(base_url=lagging_gateway.url, timeout=10) as client:
+        claimed = (await client.post("/v1/runs", json={"lease_seconds": 1})).json()
+        run_id = claimed["run_id"]
+        append = await client.post(
+            f"/v1/runs/{run_id}/events",
+            headers={"X-Producer-Token": claimed["producer_token"]},
+            json={"event": "t", "data": 1},
+        )
+        assert append.status_code in (200, 201), append.text
+        # A reader, so that this gateway watches the run; the producer is never heard again.
+        with anyio.fail_after(15):  # the lease (1 s) and a few checks, far under SKEW
+            async with client.stream("GET", f"/v1/runs/{run_id}/stream") as stream:
+                async for line in stream.aiter_lines():
+                    if line.startswith("event: end"):
+                        break
+        info = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert info["status"] == "producer_lost", info
 
 
 async def test_a_claim_reports_a_lease_in_the_gateways_clock(

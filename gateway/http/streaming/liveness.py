@@ -144,14 +144,16 @@ class DropWatch:
             await anyio.sleep(max(0.0, ends - time.time()) + _CHECK_SLACK)
             for attempt in range(_CHECK_ATTEMPTS):
                 info = await self._bridge.get_run(run_id)
-                if info is None or info.ended or info.lease_expires_at > ends:
+                # (Both in this process's clock, each from what Redis said was left: a
+                # renewal moves the end by a whole lease, far more than the slack.)
+                if info is None or info.ended or info.lease_expires_at > ends + _CHECK_SLACK:
                     return  # ended, or renewed by a write (here or on another gateway)
                 try:
                     await _recover(self._bridge, run_id, self._metrics)
                     return
                 except ProducerFenced:
-                    # The backend still counts the lease live: its clock is behind this
-                    # process's. A little later (the bridge decides by its own clock).
+                    # The backend still counts the lease live (what was left of it was
+                    # measured a round trip ago). A little later: it decides by its clock.
                     await anyio.sleep(_CHECK_SLACK * 2**attempt)
         except GatewayError as exc:  # closed, unavailable
             log.debug("dropped stream of run %s: %r", run_id, exc)
