@@ -49,7 +49,7 @@ import orjson
 from httpx_sse import SSEError, aconnect_sse
 
 from ..errors import BackendUnavailable, InvalidInput, TokenExpired
-from .producer import RETRY_STATUSES, error_from, retry_after_seconds
+from .calls import RETRY_STATUSES, error_from, retry_after_seconds
 
 __all__ = ["Ended", "Event", "Gap", "follow"]
 
