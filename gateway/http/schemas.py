@@ -20,14 +20,18 @@ the whole append costs about 9 us of CPU per event). So `producer.py` parses
 `{"event", "data"}` / `{"events": [...]}` by hand, with the field sets taken from
 `Event` and `EventBatch` here (which also give the document), and
 `tests/http_app/test_openapi.py` checks that the two accept and refuse the same bodies.
-Reply models are declared for the document only: the routes build their replies as
-plain dicts (no validation cost on the way out).
+Reply models are not validated on the way out (no cost per reply): the routes send plain
+dicts. A reply that is a value type of `values.py` (`ValueReply`: the claim, an append's
+and an END's result, the lease, the run record) is built only by its model's `of(value)`,
+from the model's fields, and the model is checked against the value type when it is
+made: every value field is sent or named in `hidden` with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal, Self
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -41,6 +45,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from .. import values
 from ..bridge.turn_keys import KEY_PATTERN
 from ..errors import GatewayError, InvalidInput
 from ..names import ID_PATTERN, check_event_name, check_run_id, check_session_id
@@ -283,6 +288,51 @@ class Reply(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class ValueReply(Reply):
+    """A reply that is one value type's fields: `of(value)` builds it from this model's
+    fields (in their order, each value as the value type holds it), so a field declared
+    here reaches every reply. Each field of `value_type` is a field here (under its own
+    name, or the one `renamed` gives it) or is in `hidden` with the reason it is not
+    sent; otherwise the class cannot be made, so a field added to the value type cannot
+    silently miss the reply (and `tests/http_app/test_replies.py` holds each model to
+    the document)."""
+
+    value_type: ClassVar[type[Any]]
+    renamed: ClassVar[Mapping[str, str]] = {}  # reply field -> the value's field
+    hidden: ClassVar[Mapping[str, str]] = {}  # value field -> why the reply leaves it out
+    # `of(value)`: the reply body for `value` (an instance of `value_type`).
+    of: ClassVar[Callable[[Any], dict[str, Any]]]
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        names = tuple(cls.model_fields)
+        sources = tuple(cls.renamed.get(name, name) for name in names)
+        fields = {field.name for field in dataclasses.fields(cls.value_type)}
+        unknown = set(sources) - fields
+        unsent = fields - set(sources) - set(cls.hidden)
+        stale = set(cls.hidden) & (set(sources) | (set(cls.hidden) - fields))
+        if unknown or unsent or stale:
+            raise TypeError(
+                f"{cls.__name__} does not mirror {cls.value_type.__name__}: "
+                f"not value fields {sorted(unknown)}, neither sent nor hidden "
+                f"{sorted(unsent)}, hidden but sent or unknown {sorted(stale)}"
+            )
+        cls.of = staticmethod(_builder(names, sources))
+
+
+def _builder(names: tuple[str, ...], sources: tuple[str, ...]) -> Callable[[Any], dict[str, Any]]:
+    """`lambda value: {"<name>": value.<source>, ...}`, compiled: the append's reply is
+    built once per token, and a dict display costs a quarter of one built from the names
+    (0.2 us against 0.8, measured in process). The names are the model's and the value
+    type's fields."""
+    # (Both are identifiers: pydantic's field names, and the dataclass's checked above.)
+    pairs = zip(names, sources, strict=True)
+    items = ", ".join(f"{name!r}: value.{source}" for name, source in pairs)
+    built: Callable[[Any], dict[str, Any]] = eval(f"lambda value: {{{items}}}")
+    return built
+
+
 class Error(Reply):
     """Every error: `{"error": "<code>", "detail": "<text>"}`."""
 
@@ -291,7 +341,10 @@ class Error(Reply):
     expected_seq: int | None = Field(None, description="sequence_*: the next expected number")
 
 
-class Claim(Reply):
+class Claim(ValueReply):
+    value_type = values.Claim
+    renamed = {"producer_token": "token"}
+
     run_id: str
     session_id: str | None
     producer_token: str
@@ -299,17 +352,32 @@ class Claim(Reply):
     lease_expires_at: float = Field(description="unix seconds")
 
 
-class PublishResult(Reply):
+class PublishResult(ValueReply):
+    value_type = values.PublishResult
+    hidden = {
+        "session_id": "the bridge's, to update the session's turn",
+        "already_applied": "the gateway's count: a retry's events answer as they first did",
+    }
+
     ids: list[str]
     cancel_requested: bool
 
 
-class EndResult(Reply):
+class EndResult(ValueReply):
+    value_type = values.EndResult
+    hidden = {
+        "session_id": "the bridge's, to update the session's turn",
+        "applied": "the recovery END's (`streaming/liveness.py`), not the producer's",
+        "legacy_scanned": "a cost in Redis, counted by the metrics",
+    }
+
     id: str | None
     deduplicated: bool
 
 
-class LeaseState(Reply):
+class LeaseState(ValueReply):
+    value_type = values.LeaseState
+
     lease_expires_at: float
     cancel_requested: bool
 
@@ -317,7 +385,14 @@ class LeaseState(Reply):
 RunStatus = Literal["running", "success", "error", "cancelled", "interrupted", "producer_lost"]
 
 
-class Run(Reply):
+class Run(ValueReply):
+    value_type = values.RunInfo
+    hidden = {
+        "epoch": "the lease is the producer's: readers see the run, not who holds it",
+        "lease_expires_at": "the lease is the producer's: readers see the run, not who holds it",
+        "log_exists": "the gateway's own (a run without a log answers by its status)",
+    }
+
     run_id: str
     session_id: str | None
     status: RunStatus

@@ -97,16 +97,7 @@ async def claim_run(request: Request) -> Response:
         )
     except StreamEnded as exc:
         raise RunEndedOnClaim(str(exc) or f"run {run_id} has ended") from None
-    return json_response(
-        {
-            "run_id": claim.run_id,
-            "session_id": claim.session_id,
-            "producer_token": claim.token,
-            "epoch": claim.epoch,
-            "lease_expires_at": claim.lease_expires_at,
-        },
-        201,
-    )
+    return json_response(Claim.of(claim), 201)
 
 
 def _idempotency_key(request: Request, in_body: str | None) -> str | None:
@@ -220,7 +211,7 @@ async def publish_events(request: Request) -> Response:
         result = await state.bridge.publish_many(run_id, encoded, producer_token=token)
     if result.appended:  # events applied before were counted the first time
         state.metrics.events_published.inc(result.appended)
-    return json_response({"ids": list(result.ids), "cancel_requested": result.cancel_requested})
+    return json_response(PublishResult.of(result))
 
 
 @document(
@@ -250,7 +241,7 @@ async def end_run(request: Request) -> Response:
     except orjson.JSONEncodeError as exc:
         raise InvalidInput(f"error cannot be encoded as JSON: {exc}") from None
     state.metrics.end_published(result, started)
-    return json_response({"id": result.id, "deduplicated": result.deduplicated})
+    return json_response(EndResult.of(result))
 
 
 @document(
@@ -275,12 +266,7 @@ async def renew_lease(request: Request) -> Response:
     lease_state = await state.bridge.renew_lease(
         run_id, producer_token=token, lease_seconds=body.lease_seconds
     )
-    return json_response(
-        {
-            "lease_expires_at": lease_state.lease_expires_at,
-            "cancel_requested": lease_state.cancel_requested,
-        }
-    )
+    return json_response(LeaseState.of(lease_state))
 
 
 routes: Final = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Final
 
 import anyio
 from starlette.requests import Request
@@ -69,21 +69,6 @@ def readable(principal: Principal, run_id: str, info: RunInfo | None) -> RunInfo
         raise Forbidden("this token does not grant access to this run")
     access.reader_of(principal, info)
     return info
-
-
-def run_json(info: RunInfo) -> dict[str, Any]:
-    return {
-        "run_id": info.run_id,
-        "session_id": info.session_id,
-        "status": info.status,
-        "created_at": info.created_at,
-        "updated_at": info.updated_at,
-        "first_event_id": info.first_event_id,
-        "last_event_id": info.last_event_id,
-        "retained_events": info.retained_events,
-        "cancel_requested": info.cancel_requested,
-        "error": info.error,
-    }
 
 
 def cursor_of(request: Request) -> str | None:
@@ -155,7 +140,7 @@ async def get_run(request: Request) -> Response:
     principal = access.subscriber(request)
     state = gateway_state(request)
     info = await lookup(state, principal, check_run_id(request.path_params["run_id"]))
-    return json_response(run_json(info))
+    return json_response(Run.of(info))
 
 
 @document(
