@@ -310,6 +310,13 @@ class Settings(BaseSettings):
         "worth left is 503.",
     )
 
+    group_commit: bool = Field(
+        True,
+        description="Send the scripts of different runs that arrive while others are on "
+        "the wire together: one write per Redis server, on a cluster one per node "
+        "(gateway/redis/group.py); off: each on its own round trip.",
+    )
+
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     gc_tuning: bool = Field(
         True,

@@ -162,12 +162,15 @@ class RedisStreamBridge:
         await self._task_group.__aenter__()
         await self._task_group.start(self._notifier.run)
         self.gate.give_back_in(self._task_group)
+        if self._settings.group_commit:
+            self._calls.group.start_in(self._task_group)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         with anyio.CancelScope(shield=True):
             await self.close()
         self.gate.give_back_in(None)
+        self._calls.group.start_in(None)
         if self._task_group is not None:
             self._task_group.cancel_scope.cancel()
             await self._task_group.__aexit__(None, None, None)

@@ -30,6 +30,7 @@ from ..errors import BackendUnavailable, BridgeClosed, GatewayError, NotReplicat
 from ..settings import Settings
 from ..timing.deadlines import CallDeadlines
 from .connect import RedisClient
+from .group import ASK_SERVER, GroupCommit, on_a_cluster, on_one_server
 from .keys import check_prefix
 from .pool import Held, PoolGate
 from .replies import ceil_ms
@@ -48,8 +49,6 @@ _REFUSED_ERRORS: Final = (
     redis_errors.SlotNotCoveredError,
     redis_errors.TryAgainError,
 )
-# A script's server identity argument on a cluster: the script asks its server.
-ASK_SERVER: Final = "?"
 # Retries of one call (and the first backoff, doubled each time).
 RETRIES: Final = 4
 RETRY_BACKOFF: Final = 0.05
@@ -93,6 +92,10 @@ class Calls:
         self.gate = gate
         self.closed = False
         self._timeout = settings.redis_command_timeout_seconds
+        # Scripts of concurrent calls, sent together (group.py); it runs once given the
+        # bridge's task group (`GroupCommit.start_in`).
+        send = on_one_server(gate) if gate.keeps_connections else on_a_cluster(gate, client)
+        self.group = GroupCommit(send, self._timeout)
         self._deadlines = CallDeadlines(self._timeout)
         self.replica_ack_failures = 0  # writes refused: too few replicas confirmed them
         # `WAIT` sent right behind each write when replicas must confirm it (settings
@@ -147,6 +150,11 @@ class Calls:
         script asks the server it runs on, lua/entry_id.lua). `acknowledged`:
         False for scripts no `WAIT` follows under `min_replicas_acked` (reads, and
         hints whose failure is only logged)."""
+        if self.group.running and not (self._wait and acknowledged):
+            # with the scripts of other calls, one write per server (WAIT, under
+            # `min_replicas_acked`, needs the write's own connection)
+            group = self.group
+            return await self._attempts(lambda: group.run(script, keys, args, server_at), resend)
         if not self.keeps_connections:  # a cluster: its client routes the script
             if server_at is not None:
                 args = (*args[:server_at], ASK_SERVER, *args[server_at + 1 :])

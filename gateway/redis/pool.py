@@ -355,6 +355,20 @@ class Held:
         await connection.send_packed_command(packed, check_health=False)
         return await connection.read_response()
 
+    async def execute_each(self, packed: Sequence[bytes], replies: int) -> list[Any]:
+        """Send several packed commands in one write and return their `replies` raw
+        replies, an error reply in its place as a `ResponseError` value (one command's
+        refusal is its own: group commit, `group.py`)."""
+        connection = self.connection or await self._gate._checkout(self)
+        await connection.send_packed_command(packed, check_health=False)
+        out: list[Any] = []
+        for _ in range(replies):
+            try:
+                out.append(await connection.read_response())
+            except ResponseError as exc:
+                out.append(exc)
+        return out
+
     async def execute_many(self, packed: bytes | Sequence[bytes], replies: int) -> list[Any]:
         """Send several packed commands at once (one round trip: a `MULTI` ... `EXEC`
         transaction, a script and its `WAIT`; several pieces go out in one write, not

@@ -34,6 +34,7 @@ async def test_writers_beyond_the_pool_size_all_get_their_turn(
         redis_key_prefix=key_prefix,
         redis_max_connections=2,
         redis_command_timeout_seconds=0.25,
+        group_commit=False,  # (the passes are under test: one per write, not per batch)
     )
     failures: list[BaseException] = []
     async with open_bridge(settings) as bridge:

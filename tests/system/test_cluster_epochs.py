@@ -3,7 +3,7 @@ write moves the run's epoch on (lua/entry_id.lua), also where the cluster client
 the script, so that ids lost in a failover can never be handed out again.
 
 On one server the gateway passes the server's identity, learned as its connection
-connected; on a cluster the script asks the server it runs on (`calls.ASK_SERVER`). Here
+connected; on a cluster the script asks the server it runs on (`group.ASK_SERVER`). Here
 a manual `CLUSTER FAILOVER` promotes the replica of the run's master: the next append
 runs there, and must open a new epoch (ids of at least `EPOCH_SPAN` in their sequence
 part) and record the new master's identity.
