@@ -11,9 +11,12 @@
 --              arts (count), art:<i> (raw JSON), aid:<i> (its string artifactId),
 --              hist (count), hist:<i> (raw JSON)
 --   text       string: the joined answer text (APPENDed, so an append is O(piece))
+-- The hash's field names are declared once, gateway/redis/turn_fields.py: the loader
+-- gives them here as TURN_FIELD (never spell one in this file).
 -- Items are stored as the payload bytes the log holds (compact JSON).
 -- Retention follows the run: the run's rolling TTL while running, none while parked on
 -- the operator, the ended record TTL after END.
+--! const TURN_FIELD
 local TURN_MAX_TEXT, TURN_MAX_ARTS, TURN_MAX_HIST, TURN_MAX_ITEM = 200000, 32, 32, 65536
 -- orjson encodes at most 254 nested containers; an item is kept only if the record
 -- holding it, as readers get it ({"turns": [record]}), still encodes
@@ -79,31 +82,32 @@ end
 -- Open the turn (claim.lua): once per run; a takeover claim keeps it as it is.
 local function turn_open(tk, session, order, shaped, now, ttl)
   if redis.call('EXISTS', tk) == 1 then return false end
-  redis.call('HSET', tk, 'session', session, 'order', order, 'state', 'running',
-    'created', string.format('%d', now), 'updated', string.format('%d', now),
-    'chars', '0', 'arts', '0', 'hist', shaped ~= '' and '1' or '0')
-  if shaped ~= '' then redis.call('HSET', tk, 'hist:1', shaped) end
+  redis.call('HSET', tk, TURN_FIELD.session, session, TURN_FIELD.order, order,
+    TURN_FIELD.state, 'running', TURN_FIELD.created, string.format('%d', now),
+    TURN_FIELD.updated, string.format('%d', now),
+    TURN_FIELD.chars, '0', TURN_FIELD.arts, '0', TURN_FIELD.hist, shaped ~= '' and '1' or '0')
+  if shaped ~= '' then redis.call('HSET', tk, TURN_FIELD.hist_item .. '1', shaped) end
   redis.call('PEXPIRE', tk, ttl)
   return true
 end
 
 local function turn_text(tk, xk, piece, append)
-  local chars = tonumber(redis.call('HGET', tk, 'chars') or '0')
+  local chars = tonumber(redis.call('HGET', tk, TURN_FIELD.chars) or '0')
   local n = turn_chars(piece)
   local limit = append and TURN_MAX_TEXT - chars or TURN_MAX_TEXT
   if n > limit then
     piece = turn_cut(piece, limit)
     n = math.max(limit, 0)
-    redis.call('HSET', tk, 'trunc', '1')
+    redis.call('HSET', tk, TURN_FIELD.trunc, '1')
   end
   if append then
     if piece == '' then return false end
     redis.call('APPEND', xk, piece)
-    redis.call('HSET', tk, 'chars', string.format('%d', chars + n))
+    redis.call('HSET', tk, TURN_FIELD.chars, string.format('%d', chars + n))
   else
     if (redis.call('GET', xk) or '') == piece then return false end
     redis.call('SET', xk, piece)
-    redis.call('HSET', tk, 'chars', string.format('%d', n))
+    redis.call('HSET', tk, TURN_FIELD.chars, string.format('%d', n))
   end
   local ttl = redis.call('PTTL', tk)
   if ttl > 0 then redis.call('PEXPIRE', xk, ttl) end
@@ -133,53 +137,54 @@ local function turn_apply(tk, xk, name, p, state)
     local s = data
     if object then s = data['state'] end
     if type(s) ~= 'string' or not TURN_LIVE[s] or s == state then return false, state end
-    redis.call('HSET', tk, 'state', s)
+    redis.call('HSET', tk, TURN_FIELD.state, s)
     return true, s
   elseif not object then
     return false, state
   elseif name == 'artifact' then
     if not turn_item_ok(p, TURN_IN_LIST) then
-      redis.call('HSET', tk, 'trunc', '1')
+      redis.call('HSET', tk, TURN_FIELD.trunc, '1')
       return true, state
     end
-    local count = tonumber(redis.call('HGET', tk, 'arts') or '0')
+    local count = tonumber(redis.call('HGET', tk, TURN_FIELD.arts) or '0')
     local id = data['artifactId']
     if type(id) == 'string' then
       for i = 1, count do
-        if redis.call('HGET', tk, 'aid:' .. i) == id then
-          redis.call('HSET', tk, 'art:' .. i, p)
+        if redis.call('HGET', tk, TURN_FIELD.aid .. i) == id then
+          redis.call('HSET', tk, TURN_FIELD.art .. i, p)
           return true, state
         end
       end
     end
     if count >= TURN_MAX_ARTS then
-      redis.call('HSET', tk, 'trunc', '1')
+      redis.call('HSET', tk, TURN_FIELD.trunc, '1')
       return true, state
     end
     count = count + 1
-    redis.call('HSET', tk, 'arts', string.format('%d', count), 'art:' .. count, p)
-    if type(id) == 'string' then redis.call('HSET', tk, 'aid:' .. count, id) end
+    redis.call('HSET', tk, TURN_FIELD.arts, string.format('%d', count), TURN_FIELD.art .. count, p)
+    if type(id) == 'string' then redis.call('HSET', tk, TURN_FIELD.aid .. count, id) end
     return true, state
   elseif name == 'status' then
     if not turn_item_ok(p, TURN_IN_RECORD) then
-      redis.call('HSET', tk, 'trunc', '1')
+      redis.call('HSET', tk, TURN_FIELD.trunc, '1')
       return true, state
     end
-    redis.call('HSET', tk, 'status', p)
+    redis.call('HSET', tk, TURN_FIELD.status, p)
     local s = data['state']
     if type(s) == 'string' and TURN_STATUS_MAP[s] then
       state = TURN_STATUS_MAP[s]
-      redis.call('HSET', tk, 'state', state)
+      redis.call('HSET', tk, TURN_FIELD.state, state)
     end
     return true, state
   elseif name == 'history' or name == 'message' then
-    local count = tonumber(redis.call('HGET', tk, 'hist') or '0')
+    local count = tonumber(redis.call('HGET', tk, TURN_FIELD.hist) or '0')
     if not turn_item_ok(p, TURN_IN_LIST) or count >= TURN_MAX_HIST then
-      redis.call('HSET', tk, 'trunc', '1')
+      redis.call('HSET', tk, TURN_FIELD.trunc, '1')
       return true, state
     end
     count = count + 1
-    redis.call('HSET', tk, 'hist', string.format('%d', count), 'hist:' .. count, p)
+    redis.call('HSET', tk, TURN_FIELD.hist, string.format('%d', count),
+      TURN_FIELD.hist_item .. count, p)
     return true, state
   end
   return false, state
@@ -196,7 +201,7 @@ local function turn_fold(tk, xk, first, now, ttl, refresh)
   for i = first, #ARGV, 2 do
     if TURN_EVENTS[ARGV[i]] then
       if state == nil then
-        state = redis.call('HGET', tk, 'state')
+        state = redis.call('HGET', tk, TURN_FIELD.state)
         if not state or TURN_ENDED[state] then return end
       end
       local before = state
@@ -207,20 +212,21 @@ local function turn_fold(tk, xk, first, now, ttl, refresh)
     end
   end
   if changed then
-    local updated = tonumber(redis.call('HGET', tk, 'updated') or '0')
-    redis.call('HSET', tk, 'updated', string.format('%d', math.max(updated, now)))
+    local updated = tonumber(redis.call('HGET', tk, TURN_FIELD.updated) or '0')
+    redis.call('HSET', tk, TURN_FIELD.updated, string.format('%d', math.max(updated, now)))
   end
   if not retime then return end
-  if state == nil then state = redis.call('HGET', tk, 'state') end
+  if state == nil then state = redis.call('HGET', tk, TURN_FIELD.state) end
   if state and not TURN_ENDED[state] then turn_set_ttl(tk, xk, state, ttl) end
 end
 
 -- The run's END (publish_end.lua's settle): the record takes the END status.
 local function turn_end(tk, xk, status, now, ttl)
-  local state = redis.call('HGET', tk, 'state')
+  local state = redis.call('HGET', tk, TURN_FIELD.state)
   if not state or TURN_ENDED[state] then return end
-  local updated = tonumber(redis.call('HGET', tk, 'updated') or '0')
-  redis.call('HSET', tk, 'state', status, 'updated', string.format('%d', math.max(updated, now)))
+  local updated = tonumber(redis.call('HGET', tk, TURN_FIELD.updated) or '0')
+  redis.call('HSET', tk, TURN_FIELD.state, status,
+    TURN_FIELD.updated, string.format('%d', math.max(updated, now)))
   redis.call('PEXPIRE', tk, ttl)
   redis.call('PEXPIRE', xk, ttl)
 end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -11,6 +12,7 @@ from redis.commands.core import AsyncScript
 
 from ..cursor import EPOCH_SPAN
 from ..sequence import MAX_LOOKBACK
+from . import turn_fields
 
 _PACKAGED = Path(__file__).resolve().parent.parent / "lua"  # installed wheel
 _SOURCE = Path(__file__).resolve().parent.parent.parent / "lua"  # source checkout
@@ -37,6 +39,7 @@ CONSTANTS: Final = {
     "LOOKBACK": MAX_LOOKBACK,
     "SEQ_BUCKET": SEQ_BUCKET,
     "SEQ_BUCKETS": -(-MAX_LOOKBACK // SEQ_BUCKET),
+    "TURN_FIELD": turn_fields.LUA_TABLE,
 }
 
 
@@ -46,7 +49,8 @@ def lua_source(name: str) -> str:
     `--! include <other>` replaced by the text of `lua/<other>.lua` (Redis scripts
     cannot load each other: a shared library is pasted into every script that uses it)
     and each line `--! const <NAME>` by `local <NAME> = <value>` from `CONSTANTS` (a
-    number the Python code decides by, given to the script from its one definition)."""
+    number the Python code decides by, or a table of names, given to the script from
+    its one definition)."""
     text = (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
     return "".join(_expand(line) for line in text.splitlines(keepends=True))
 
@@ -56,8 +60,18 @@ def _expand(line: str) -> str:
         return lua_source(line[len(_INCLUDE) :].strip())
     if line.startswith(_CONST):
         constant = line[len(_CONST) :].strip()
-        return f"local {constant} = {CONSTANTS[constant]}\n"
+        return f"local {constant} = {_lua_value(CONSTANTS[constant])}\n"
     return line
+
+
+def _lua_value(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_lua_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str):
+        if not re.fullmatch(r"[\w:.-]*", value):
+            raise ValueError(f"not a plain Lua name: {value!r}")
+        return f"'{value}'"
+    return str(value)
 
 
 async def ensure_loaded(client: Any, scripts: Sequence[AsyncScript]) -> int:

@@ -21,6 +21,7 @@ from ..sessions.shaping import shape_input_message
 from ..sessions.turns import PARKED_STATES
 from ..settings import Settings
 from ..values import encode_json
+from . import turn_fields as F
 from .calls import Calls
 from .connect import RedisClient
 from .keys import run_keys
@@ -95,7 +96,7 @@ class SessionHints:
         keys = run_keys(self._prefix, run_id)
         try:
             state, updated, owner = await self._calls.call(
-                lambda: self._redis.hmget(keys.turn, ["state", "updated", "session"])
+                lambda: self._redis.hmget(keys.turn, [F.STATE, F.UPDATED, F.SESSION])
             )
             if state is None or owner is None or as_text(owner) != session_id:
                 return

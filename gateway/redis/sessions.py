@@ -43,6 +43,7 @@ from ..sessions import turns as T
 from ..sessions.base import DEFAULT_LIMIT, MAX_LIMIT, SessionRow, parse_limit
 from ..sessions.watch import TurnSignal
 from ..settings import Settings
+from . import turn_fields as F
 from .calls import Calls
 from .keys import run_keys
 from .notifier import Notifier
@@ -87,31 +88,32 @@ async def _gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
 
 
 def _record(run_id: str, reply: list[Any]) -> dict[str, Any] | None:
-    """A turn record as readers get it (the shape of `turns.new_turn`), from `turn_read`."""
+    """A turn record as readers get it (the shape of `turns.new_turn`), from `turn_read`
+    (the record's text, then its hash's fields and values: `turn_fields`)."""
     if not reply:
         return None
     text = as_text(reply[0])
     fields = {as_text(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
-    if "state" not in fields:
+    if F.STATE not in fields:
         return None
 
     def items(count_field: str, prefix: str) -> list[Any]:
         count = int(as_text(fields.get(count_field, b"0")))
         return [orjson.loads(fields[f"{prefix}{i}"]) for i in range(1, count + 1)]
 
-    status = fields.get("status")
+    status = fields.get(F.STATUS)
     return {
         "run_id": run_id,
-        "session_id": as_text(fields.get("session", b"")),
-        "order": int(as_text(fields.get("order", b"0"))),
-        "state": as_text(fields["state"]),
-        "created_at": int(as_text(fields.get("created", b"0"))) / 1000,
-        "last_updated": int(as_text(fields.get("updated", b"0"))) / 1000,
+        "session_id": as_text(fields.get(F.SESSION, b"")),
+        "order": int(as_text(fields.get(F.ORDER, b"0"))),
+        "state": as_text(fields[F.STATE]),
+        "created_at": int(as_text(fields.get(F.CREATED, b"0"))) / 1000,
+        "last_updated": int(as_text(fields.get(F.UPDATED, b"0"))) / 1000,
         "text": text,
         "status": orjson.loads(status) if status is not None else None,
-        "artifacts": items("arts", "art:"),
-        "history": items("hist", "hist:"),
-        "truncated": as_text(fields.get("trunc", b"")) == "1",
+        "artifacts": items(F.ARTS, F.ART),
+        "history": items(F.HIST, F.HIST_ITEM),
+        "truncated": as_text(fields.get(F.TRUNC, b"")) == "1",
     }
 
 
