@@ -6,8 +6,9 @@ Appends of many runs (a hundred chats streaming at once) each used to take a pas
 round trip of their own: a `send` and a `recv` in the gateway and in Redis per token.
 Here scripts queue, and at most `MAX_FLIGHTS` flyer tasks (in the bridge's task group,
 started as load needs them) each take the whole queue as one batch, send it in one
-write and read its replies; what arrives meanwhile leaves with the next flight. A lone
-script leaves at once, as before, with one hand-off to a flyer more.
+write and read its replies; what arrives meanwhile leaves with the next flight. A
+script that finds nothing on the wire is sent at once by its caller, as before grouping
+(no hand-off: a lone chat pays nothing for it).
 
 What each caller gets is what it got alone: its own reply, or its own error. The
 scripts in a batch run one after another in Redis (each atomic, as always); a run's own
@@ -146,10 +147,13 @@ class GroupCommit:
         self._queue: deque[_Script] = deque()
         self._idle: list[asyncio.Future[None]] = []  # flyers waiting for a script
         self._flyers = 0
+        self._on_wire = 0  # batches sent and not yet answered
         self._tasks: TaskGroup | None = None
-        # Plain counters for tests and benchmarks: batches flown, scripts in them.
+        # Plain counters for tests and benchmarks: batches flown, scripts in them, and
+        # the batches of one that their callers sent themselves.
         self.batches = 0
         self.scripts = 0
+        self.alone = 0
 
     @property
     def running(self) -> bool:
@@ -174,6 +178,8 @@ class GroupCommit:
     ) -> Any:
         """Run `script` in the next batch: its reply, or its error raised."""
         call = _Script(script, keys, args, server_at, asyncio.get_running_loop().create_future())
+        if not self._on_wire and not self._queue:
+            return await self._alone(call)
         self._queue.append(call)
         while self._idle and self._idle[-1].done():  # (its flyer is stopping)
             self._idle.pop()
@@ -188,6 +194,22 @@ class GroupCommit:
             if call in self._queue:
                 self._queue.remove(call)
             raise
+
+    async def _alone(self, call: _Script) -> Any:
+        """Nothing on the wire: the caller sends its script itself, at once (a lone
+        write pays no hand-off to a flyer); what arrives meanwhile queues for them."""
+        self._on_wire += 1
+        self.batches += 1
+        self.scripts += 1
+        self.alone += 1
+        try:
+            with anyio.fail_after(self._timeout):
+                (reply,) = await self._send_batch([call])
+        finally:
+            self._on_wire -= 1
+        if isinstance(reply, redis_errors.ResponseError):
+            raise reply
+        return reply
 
     async def _fly(self) -> None:
         loop = asyncio.get_running_loop()
@@ -213,6 +235,7 @@ class GroupCommit:
     async def _send(self, batch: list[_Script]) -> None:
         self.batches += 1
         self.scripts += len(batch)
+        self._on_wire += 1
         try:
             with anyio.fail_after(self._timeout):
                 replies = await self._send_batch(batch)
@@ -224,6 +247,8 @@ class GroupCommit:
             if not isinstance(exc, Exception):
                 raise
             return
+        finally:
+            self._on_wire -= 1
         for call, reply in zip(batch, replies, strict=True):
             if call.future.done():
                 continue  # its caller was cancelled

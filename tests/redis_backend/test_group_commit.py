@@ -117,3 +117,19 @@ async def test_off_every_script_goes_alone(fresh_redis: RedisServer, key_prefix:
             acked = await _stream_all(bridge, tokens)
         assert bridge.calls.group.batches == 0
     assert [len(ids) for ids in acked] == [EVENTS] * 4
+
+
+async def test_a_lone_write_is_sent_by_its_caller(
+    fresh_redis: RedisServer, key_prefix: str
+) -> None:
+    """One producer, nothing else on the wire: every write goes out at once from its
+    caller's task (no hand-off to a flyer), so a lone chat pays nothing for grouping."""
+    async with open_bridge(_settings(fresh_redis, key_prefix)) as bridge:
+        assert isinstance(bridge, RedisStreamBridge)
+        token = (await bridge.claim("lone", lease_seconds=60)).token
+        group = bridge.calls.group
+        alone, batches = group.alone, group.batches
+        with anyio.fail_after(20):
+            for n in range(10):
+                await bridge.publish("lone", "t", n, producer_token=token)
+        assert group.alone - alone == group.batches - batches == 10
