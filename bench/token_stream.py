@@ -31,8 +31,34 @@ every producer write as fast as it can (the full-speed case: `--runs 10 --rate 0
 --followers 1`, where the gateway retains 1,000,000 events per run so that a follower
 that lags gets every event rather than a gap).
 
+`--sweep 10,100,400,1000` finds the knee: for each count of concurrent runs (each at
+`--rate`, default 50 tokens/s in a sweep, one follower per run unless `--followers` says
+otherwise), `gateway-stream` and `resumable-stream` in turn (the order alternates from
+point to point), a fresh server each, Redis flushed between them. The load is
+bench/token_load.py: `--load-procs` worker processes (pinned with Redis to CPU 1), every
+run's tokens on one absolute schedule, the gateway's as one streamed append per run,
+resumable-stream's as one POST per token pipelined on a connection per run (it has no
+streamed append). After `--warmup` seconds of that load, `--seconds` are measured: only
+tokens written in that window count, and one counts as delivered if it reached its follower
+within `--grace` seconds after the window. Per point and server:
+- server CPU µs per token sent, and per token delivered; Redis CPU µs per token; Redis
+  commands per token (INFO commandstats);
+- p50 / p99 publish -> receive ms over every token sent (one that never arrived counts as
+  later than the grace: p99 prints `>grace` once more than 1 % is missing);
+- delivered as a share of sent;
+- the load's own p99 schedule lateness, ms, and the share of the asked tokens it wrote: a
+  point where it wrote under 99 % or ran over 10 ms late is marked `LOAD` (the generator,
+  not the server, was the limit) and never counted as the server's figure;
+- CPU 0's busy share not spent by the server (other processes on the shared machine) and
+  CPU 1's busy share (Redis and the load), from /proc/stat.
+Then, per server, the largest swept count at p99 <= 50 ms with >= 95 % delivered, and the
+first count where it stops keeping up (delivered < 95 %).
+
 Run: .venv/bin/python bench/token_stream.py [--quick] [--rate 100] [--seconds 20]
      [--servers gateway,naive,resumable-stream] [--warmup 1] [--runs 1]
+     .venv/bin/python bench/token_stream.py --sweep 10,100,400,1000 [--seconds 20]
+     [--warmup 2] [--grace 2] [--load-procs 2] [--json rows.json]
+     .venv/bin/python bench/token_load.py --runs 1000   # can the load keep up? (a sink)
 """
 
 from __future__ import annotations
@@ -63,6 +89,7 @@ from sse_load import (
     pin,
     redis_cpu,
 )
+from token_load import LoadReport, TokenLoad
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
@@ -265,6 +292,274 @@ async def _produce_streamed(port: int, rate: float, seconds: float, run_id: str,
     return sent
 
 
+# ------------------------------------------------------------------------ the knee
+
+SWEEP_SERVERS = ("gateway-stream", "resumable-stream")
+KNEE_P99_MS = 50.0
+KEEPS_UP = 0.95  # delivered / sent
+LOAD_SENT = 0.99  # written / asked
+# The load's p99 schedule lateness: its followers share its event loop, so this also
+# bounds what the load adds to a measured latency (a fifth of the 50 ms criterion).
+LOAD_LATE_MS = 10.0
+CPU0_SHARED = 0.25  # CPU 0's busy share not the server's above which the row says so
+
+
+def cpu_jiffies() -> dict[str, tuple[int, int]]:
+    """Per CPU (`cpu0`, `cpu1`, ...): (busy, total) jiffies from /proc/stat."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            ticks = [int(v) for v in values[:8]]
+            out[name] = (sum(ticks) - ticks[3] - ticks[4], sum(ticks))  # minus idle, iowait
+    return out
+
+
+def sweep_point(
+    name: str,
+    proc: Proc,
+    redis: Any,
+    runs: int,
+    followers: int,
+    rate: float,
+    warmup: float,
+    seconds: float,
+    grace: float,
+    load_procs: int,
+) -> dict[str, Any]:
+    run_ids = [f"knee-{runs}-{i}-{time.monotonic_ns()}" for i in range(runs)]
+    kind = "stream" if name == "gateway-stream" else "post"
+    load = TokenLoad(
+        proc.port,
+        kind,
+        run_ids,
+        followers=followers,
+        rate=rate,
+        procs=load_procs,
+        cpus=LOAD_CPU,
+    )
+    try:
+        load.start()
+        t0 = time.time() + 0.5
+        w0 = t0 + warmup
+        w1 = w0 + seconds
+        stop_at = w1 + grace
+        load.go(t0, w0, w1, stop_at)
+        time.sleep(max(0.0, w0 - time.time()))
+        cpu0, rcpu0, calls0, jiffies0 = (
+            proc.cpu(),
+            redis_cpu(redis),
+            command_calls(redis),
+            cpu_jiffies(),
+        )
+        time.sleep(max(0.0, w1 - time.time()))
+        cpu, rcpu, calls, jiffies = (
+            proc.cpu() - cpu0,
+            redis_cpu(redis) - rcpu0,
+            command_calls(redis) - calls0,
+            cpu_jiffies(),
+        )
+        report = load.wait(stop_at - time.time() + 120)
+    finally:
+        load.kill()
+    return knee_row(
+        name, runs, followers, rate, seconds, grace, cpu, rcpu, calls, jiffies0, jiffies, report
+    )
+
+
+def knee_row(
+    name: str,
+    runs: int,
+    followers: int,
+    rate: float,
+    seconds: float,
+    grace: float,
+    cpu: float,
+    rcpu: float,
+    calls: int,
+    jiffies0: dict[str, tuple[int, int]],
+    jiffies: dict[str, tuple[int, int]],
+    report: LoadReport,
+) -> dict[str, Any]:
+    sent = max(1, report.sent)
+    expected = sent * followers
+    lat = sorted(report.latencies_ms)
+    missing = expected - len(lat)
+
+    def pct(q: float) -> float:  # over every token sent; a missing one is later than any
+        index = min(expected - 1, max(0, round(q / 100 * (expected - 1))))
+        return lat[index] if index < len(lat) else float("inf")
+
+    def busy(cpu_name: str) -> float:
+        (b0, t0), (b1, t1) = jiffies0[cpu_name], jiffies[cpu_name]
+        return (b1 - b0) / max(1, t1 - t0)
+
+    asked = runs * rate * seconds
+    late_p99 = report.lateness_ms(99)
+    load_ok = report.sent >= LOAD_SENT * asked and late_p99 <= LOAD_LATE_MS
+    return {
+        "server": name,
+        "runs": runs,
+        "sent": report.sent,
+        "asked": asked,
+        "delivered": len(lat),
+        "delivered_share": len(lat) / expected,
+        "missing": missing,
+        "accepted": report.accepted,
+        "accept_known": report.accept_known,
+        "server_us_per_token": cpu / sent * 1e6,
+        "server_us_per_delivered": cpu / max(1, len(lat)) * 1e6,
+        "redis_us_per_token": rcpu / sent * 1e6,
+        "redis_commands_per_token": calls / sent,
+        "p50_ms": pct(50),
+        "p99_ms": pct(99),
+        "load_late_p99_ms": late_p99,
+        "load_written_share": report.sent / asked,
+        "load_us_per_token": report.cpu / sent * 1e6,
+        "load_ok": load_ok,
+        "cpu0_other": max(0.0, busy("cpu0") - cpu / seconds) if "cpu0" in jiffies else 0.0,
+        "cpu1_busy": busy("cpu1") if "cpu1" in jiffies else 0.0,
+        "grace_ms": grace * 1000,
+    }
+
+
+def print_knee_header() -> None:
+    print(
+        f"{'runs':>5} {'server':<17}{'µs/tok':>8}{'µs/dlv':>8}{'redis µs':>9}{'cmds':>6}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'dlv %':>7}{'load p99':>9}{'wrote %':>8}"
+        f"{'load µs':>8}{'cpu0 oth':>9}{'cpu1':>6}  note"
+    )
+
+
+def fmt_ms(value: float, grace_ms: float) -> str:
+    return f">{grace_ms:.0f}" if value == float("inf") else f"{value:.1f}"
+
+
+def print_knee_row(row: dict[str, Any]) -> None:
+    notes = []
+    if not row["load_ok"]:
+        notes.append("LOAD: the generator, not the server, was the limit")
+    elif row["delivered_share"] < KEEPS_UP:
+        notes.append("not keeping up")
+    elif row["p99_ms"] > KNEE_P99_MS:
+        notes.append("p99 > 50 ms")
+    if row["cpu0_other"] > CPU0_SHARED:
+        notes.append("CPU 0 shared with other processes")
+    print(
+        f"{row['runs']:>5} {row['server']:<17}{row['server_us_per_token']:>8.0f}"
+        f"{row['server_us_per_delivered']:>8.0f}{row['redis_us_per_token']:>9.1f}"
+        f"{row['redis_commands_per_token']:>6.2f}{fmt_ms(row['p50_ms'], row['grace_ms']):>8}"
+        f"{fmt_ms(row['p99_ms'], row['grace_ms']):>8}{100 * row['delivered_share']:>7.1f}"
+        f"{row['load_late_p99_ms']:>9.1f}{100 * row['load_written_share']:>8.1f}"
+        f"{row['load_us_per_token']:>8.1f}{100 * row['cpu0_other']:>8.0f}%"
+        f"{100 * row['cpu1_busy']:>5.0f}%  {'; '.join(notes)}",
+        flush=True,
+    )
+
+
+def knee_summary(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
+    lines = []
+    for name in servers:
+        mine = sorted((r for r in rows if r["server"] == name), key=lambda r: r["runs"])
+        carried = [
+            r["runs"]
+            for r in mine
+            if r["load_ok"] and r["p99_ms"] <= KNEE_P99_MS and r["delivered_share"] >= KEEPS_UP
+        ]
+        behind = [r["runs"] for r in mine if r["load_ok"] and r["delivered_share"] < KEEPS_UP]
+        load_limited = [r["runs"] for r in mine if not r["load_ok"]]
+        line = (
+            f"{name}: carries {max(carried) if carried else 'none'} of the swept counts at "
+            f"p99 <= {KNEE_P99_MS:g} ms"
+        )
+        line += (
+            f"; stops keeping up (delivered < {100 * KEEPS_UP:g} %) at {min(behind)}"
+            if behind
+            else "; keeps up at every swept count it was measured at"
+        )
+        if load_limited:
+            line += f"; not measured (load-limited) at {', '.join(map(str, load_limited))}"
+        lines.append(line)
+    return lines
+
+
+def run_sweep(args: argparse.Namespace, seconds: float, servers: list[str]) -> None:
+    if set(servers) - set(SWEEP_SERVERS):
+        sys.exit(f"--sweep measures {', '.join(SWEEP_SERVERS)} only")
+    points = [int(p) for p in args.sweep.split(",")]
+    followers = int(args.followers) if given("--followers") else 1
+    rate = args.rate if given("--rate") else 50.0
+    warmup = args.warmup if given("--warmup") else 2.0
+    if rate <= 0:
+        sys.exit("--sweep needs a rate above 0")
+    node = node_ready() if "resumable-stream" in servers else ""
+    pin(0, LOAD_CPU)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
+        pin(server.proc.pid, LOAD_CPU)  # type: ignore[union-attr]
+        redis = server.client()
+        print(
+            f"sweep: runs {args.sweep}, {rate:g} tokens/s each, {followers} follower(s) per "
+            f"run, warm-up {warmup:g} s, measured {seconds:g} s, grace {args.grace:g} s, "
+            f"{args.load_procs} load processes, Redis bridge; uptime: {uptime()}",
+            flush=True,
+        )
+        print_knee_header()
+        for n, runs in enumerate(points):
+            order = servers if n % 2 == 0 else servers[::-1]
+            for name in order:
+                redis.flushall()
+                port = free_port()
+                log = Path(tmp) / f"{name}-{runs}.log"
+                if name == "gateway-stream":
+                    # (Every run's streamed append is open at once, all without an API key.)
+                    proc = gateway_proc(
+                        port,
+                        SERVER_CPU,
+                        log,
+                        server.url,
+                        "--max-append-streams-per-key",
+                        str(max(256, 2 * runs)),
+                    )
+                else:
+                    proc = resumable_stream_proc(node, port, SERVER_CPU, log, server.url)
+                with proc:
+                    stray = unpinned_threads(proc, SERVER_CPU)
+                    if stray and len(os.sched_getaffinity(0) | SERVER_CPU) > 1:
+                        print(f"warning: {name} threads {stray} not pinned", file=sys.stderr)
+                    row = sweep_point(
+                        name,
+                        proc,
+                        redis,
+                        runs,
+                        followers,
+                        rate,
+                        warmup,
+                        seconds,
+                        args.grace,
+                        args.load_procs,
+                    )
+                row["uptime"] = uptime()
+                rows.append(row)
+                print_knee_row(row)
+        redis.flushall()
+    print(f"uptime: {uptime()}")
+    for line in knee_summary(rows, servers):
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+
+
+def given(flag: str) -> bool:
+    """Whether `flag` is on the command line (the sweep has its own defaults)."""
+    return any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
+
+
+def uptime() -> str:
+    """The load averages as `uptime` prints them (the machine is shared)."""
+    return "load average: " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 s per case instead of 20")
@@ -283,12 +578,25 @@ def main() -> None:
     parser.add_argument(
         "--servers", default=",".join(SERVERS), help=f"comma list of: {', '.join(SERVERS)}"
     )
+    parser.add_argument(
+        "--sweep", default="", help="comma list of concurrent run counts: find the knee"
+    )
+    parser.add_argument(
+        "--grace", type=float, default=2.0, help="sweep: seconds a token may take to arrive"
+    )
+    parser.add_argument("--load-procs", type=int, default=2, help="sweep: load processes")
+    parser.add_argument("--json", default="", help="sweep: write the rows to this file")
     args = parser.parse_args()
     seconds = 5.0 if args.quick else args.seconds
     chosen = {name.strip() for name in args.servers.split(",") if name.strip()}
     if not chosen or chosen - set(SERVERS):
         parser.error(f"--servers: unknown {sorted(chosen - set(SERVERS))}; pick from {SERVERS}")
     servers = [name for name in SERVERS if name in chosen]
+    if args.sweep:
+        if args.servers == ",".join(SERVERS):
+            servers = list(SWEEP_SERVERS)
+        run_sweep(args, seconds, servers)
+        return
     node = node_ready() if "resumable-stream" in chosen else ""
     pin(0, LOAD_CPU)
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
