@@ -19,12 +19,13 @@
 --       | {"ended", status}              the run already has an END
 --       | {"session", session_id_or_""}  ARGV[4] names a session the run is not in
 --! include turn_fold
+--! include run_meta
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'status', 'token', 'lease_until', 'epoch', 'session')
-if meta[1] and meta[1] ~= 'running' then
-  return {'ended', meta[1]}
+local meta = run_meta(KEYS[1], {'status', 'token', 'lease_until', 'epoch', 'session'})
+if meta.status and meta.status ~= 'running' then
+  return {'ended', meta.status}
 end
 -- A writer that predates the run record may have left an END with no meta.
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
@@ -33,18 +34,18 @@ if tail and tail[2][1] == 'end' then
 end
 
 -- A run's session is fixed by its first claim: a later claim may repeat it or omit it.
-if meta[2] and ARGV[4] ~= '' and (meta[5] or '') ~= ARGV[4] then
-  return {'session', meta[5] or ''}
+if meta.token and ARGV[4] ~= '' and (meta.session or '') ~= ARGV[4] then
+  return {'session', meta.session or ''}
 end
 
-local lease_until = tonumber(meta[3] or '0')
-if meta[2] and lease_until > now and ARGV[3] ~= '1' then
+local lease_until = tonumber(meta.lease_until or '0')
+if meta.token and lease_until > now and ARGV[3] ~= '1' then
   return {'owned', string.format('%d', lease_until)}
 end
 
-local epoch = tonumber(meta[4] or '0') + 1
+local epoch = tonumber(meta.epoch or '0') + 1
 local new_until = now + tonumber(ARGV[2])
-local session = meta[5] or ARGV[4]
+local session = meta.session or ARGV[4]
 redis.call('HSETNX', KEYS[1], 'created', string.format('%d', now))
 redis.call('HSET', KEYS[1],
   'status', 'running', 'token', ARGV[1], 'epoch', string.format('%d', epoch),
