@@ -50,6 +50,16 @@ round, rounds in a seeded random order):
   script (an append, an END, a claim, a read) runs in Redis and its reply is lost: the
   gateway answers 503 and the producer retries (the case a turn record written after
   the append would miss; see the turn checks below);
+- `failover`: Redis runs with a replica and the gateways reach it through a TCP forwarder;
+  the replica is detached (in sync until then), the master acknowledges 0.2-1 s of writes
+  it never gets, then the master's writes are paused, both servers' logs read, the
+  master killed, the replica promoted and the forwarder moved to it: acknowledged events
+  (sometimes ENDs, claims) are lost, known exactly; a new replica follows;
+- `restart_empty`: SIGKILL Redis and start it again without its AOF: it comes back empty
+  (treated as an eviction of every key);
+- `claimed_again`: an ended run's keys removed (as their TTL would), then the same run id
+  claimed again in a session of its own by the workload's claimer (10-40 events, END),
+  while readers resume it with cursors of the lost incarnation;
 - `subscriber_disconnect`, `read_disconnect`: counted as the subscribers cut.
 
 After the duration: stop injecting, make sure every process is up, let producers finish
@@ -67,6 +77,12 @@ let subscribers reach their END, then read every run once more from the start. C
   the expected END only after the run's last event, or with an explicit `gap` (counted);
   a silent skip, a repeated id, an END before the last event, a hang or a 404 (unless an
   eviction may have taken the run) is a violation;
+- per run that lost acknowledged entries (a failover, an incarnation claimed again):
+  its history is every entry it held, each with the losses it lived through; the log
+  holds every acknowledged event no loss took. Each part of a subscription is entries
+  that were next to each other in the log at some moment, its END one that followed its
+  last event so: an event after a lost position (the new events after lost ones, a new
+  incarnation after an old cursor) is a silent skip. Every gap must carry a reason;
 - per turn (every run is a turn of a session): its turn record (read from Redis) equals
   what its log says: the record's text is the joined `text` of the log's events (of
   every acknowledged event when the log was removed and written again: the record
@@ -116,8 +132,10 @@ import orjson
 
 from tests.support.fault_relay import FaultRelay
 from tests.support.proxies import GatewayProcess, Proxy, free_port
-from tests.support.redis_servers import RedisServer
+from tests.support.redis_servers import HOST, RedisServer
+from tests.support.replication import detach, promote, wait_in_sync
 from tests.support.sse_client import Frame, SSEParser
+from tests.support.tcp_forwarder import TcpForwarder
 
 MAYBE_APPLIED = frozenset({502, 503, 504})  # gateway 503, or haproxy when a backend died
 KEY_PREFIX = "chaos:"
@@ -143,10 +161,15 @@ FAULT_KINDS = (
     "eviction",
     "pubsub_kill",
     "reply_drop",
+    "failover",
+    "restart_empty",
+    "claimed_again",
 )
 COUNTED_KINDS = (*FAULT_KINDS, "subscriber_disconnect", "read_disconnect")
 
 Window = list[float]  # [start, end]: a removal may have happened in between (monotonic)
+Entry = tuple[str, bytes | None, bool]  # a log entry: id, event data (None: END), is END
+NEVER = 1 << 30  # the loss index of an entry no loss removed
 
 
 class Aborted(Exception):
@@ -164,9 +187,13 @@ class Run:
     producer: int
     session_id: str
     claim_started: float
+    claimed_at: float = float("inf")  # when the claim was answered 201
     ids: list[str] = field(default_factory=list)  # acknowledged (or read back) ids
     payloads: list[bytes] = field(default_factory=list)  # what each of them carries
     sent_at: list[float] = field(default_factory=list)  # first attempt of each
+    acked_at: list[float] = field(default_factory=list)  # when each was acknowledged
+    old_ends: list[str] = field(default_factory=list)  # ENDs of incarnations lost since
+    old_sessions: list[str] = field(default_factory=list)  # sessions of those incarnations
     end_id: str | None = None  # the producer's END, as acknowledged
     end_sent_at: float | None = None
     deletes: list[Window] = field(default_factory=list)  # DELETE /v1/runs/{id}
@@ -176,6 +203,19 @@ class Run:
     evicted: bool = False  # its producer was fenced after an eviction took the record
     zombie_writes: int = 0  # zombie requests answered 409 fenced
     zombie_unsure: int = 0  # zombie requests answered 502/503/504 or cut
+
+
+@dataclass
+class Loss:
+    """Redis lost acknowledged history: a failover to a replica that missed the newest
+    writes, or a run's keys gone and the run claimed again. `before` is what each run's
+    log held just before (writes paused), `after` what the server that carries on held,
+    for the runs that lost something."""
+
+    kind: str
+    at: float
+    before: dict[str, list[Entry]]
+    after: dict[str, set[str]]
 
 
 @dataclass
@@ -264,6 +304,9 @@ class Workload:
         self.sessions: dict[int, int] = {}  # producer index -> its session generation
         self.retired: list[tuple[str, Window]] = []  # session id, when it was retired
         self.evictions: list[Window] = []  # when Redis may have evicted (end inf: now)
+        self.failovers: list[Window] = []  # replica detached .. promoted: claims may be lost
+        self.losses: list[Loss] = []  # in the order they happened
+        self.again_requests: deque[Run] = deque()  # ended runs whose keys are gone
         # Client-side SSE connections (opened before the request, closed after the
         # socket is), and their history for the open-response check.
         self.sse_open = 0
@@ -306,6 +349,7 @@ class Workload:
         async with anyio.create_task_group() as sampler:
             sampler.start_soon(self.sample_open_responses)
             async with anyio.create_task_group() as subscribers:
+                self.spawn_follow = subscribers.start_soon
                 for i in range(self.args.subscribers):
                     subscribers.start_soon(self.subscriber, i)
                 for i in range(self.args.session_followers):
@@ -313,6 +357,7 @@ class Workload:
                 async with anyio.create_task_group() as producers:
                     for i in range(self.args.producers):
                         producers.start_soon(self.producer, i)
+                    producers.start_soon(self.claimer)
                     self.started.set()
                 # stop_producing was set and the producers finished their last runs.
                 await self.end_abandoned_runs()
@@ -329,12 +374,18 @@ class Workload:
     stop_following = False
     follow_abort = False
     subscribers_running = 0
+    spawn_follow: Any = None
 
     def eviction_touched(self, run: Run) -> bool:
-        """Whether an eviction may have taken `run`'s keys: one that began by now and
-        had not ended before the run was claimed."""
+        """Whether Redis may have lost `run`'s record: an eviction (or a restart that came
+        back empty) that began by now and had not ended before the run was claimed, or
+        a failover whose lost writes may hold its claim."""
         now = time.monotonic()
-        return any(start <= now and end >= run.claim_started for start, end in self.evictions)
+        if any(start <= now and end >= run.claim_started for start, end in self.evictions):
+            return True
+        return any(
+            start <= run.claimed_at and end >= run.claim_started for start, end in self.failovers
+        )
 
     # ------------------------------------------------------------------ producers
     def session_of(self, index: int, number: int) -> str:
@@ -350,6 +401,7 @@ class Workload:
                 run = Run(f"chaos-{self.seed}-p{index}-{number}", index, session, time.monotonic())
                 number += 1
                 token = await self._claim(client, run.run_id, session)
+                run.claimed_at = time.monotonic()
                 self.runs.append(run)
                 self.current[index] = run
                 await self._stream_run(client, rng, run, token, index)
@@ -378,6 +430,41 @@ class Workload:
                 seq += 1
                 await self._sleep(rng.uniform(0.005, 0.03))
             await self._end(client, run, token)
+
+    async def claimer(self) -> None:
+        """Claims again, under the same run id, the ended runs whose keys the main thread
+        removed (`claimed_again`, as a TTL expiry would), in a session of their own; then
+        10-40 events and an END. Readers resume it with cursors of the lost incarnation."""
+        rng = random.Random(self.seed * 3000)
+        async with self._client() as client:
+            while not self.stop_producing or self.again_requests:
+                if not self.again_requests:
+                    await self._sleep(0.05)
+                    continue
+                run = self.again_requests.popleft()
+                old = list(run.ids)
+                token = await self._claim(client, run.run_id, run.session_id)
+                run.claimed_at = time.monotonic()
+                for cursor in dict.fromkeys([old[-1], old[len(old) // 2], None]):
+                    self.stats["again_follows"] += 1
+                    self.subscribers_running += 1
+                    self.spawn_follow(self._follow_from, run, cursor, rng.random())
+                for seq in range(len(old), len(old) + rng.randint(10, 40)):
+                    if not await self._publish(client, run, seq, token):
+                        break
+                    await self._sleep(rng.uniform(0.005, 0.03))
+                else:
+                    await self._end(client, run, token)
+
+    async def _follow_from(self, run: Run, cursor: str | None, seed: float) -> None:
+        """A reader that resumes `run` at `cursor` (of a lost incarnation, or None)."""
+        try:
+            async with self._client(keepalive=False) as client:
+                follow = Follow(run.run_id, "again")
+                self.follows.append(follow)
+                await self.follow(client, random.Random(seed), follow, None, start=cursor)
+        finally:
+            self.subscribers_running -= 1
 
     async def _claim(
         self, client: httpx.AsyncClient, run_id: str, session_id: str, takeover: bool = False
@@ -447,6 +534,7 @@ class Workload:
             run.ids.append(event_id)
             run.payloads.append(orjson.dumps(data))
             run.sent_at.append(sent_at)
+            run.acked_at.append(time.monotonic())
             self.stats["events_published"] += 1
             return True
 
@@ -740,6 +828,7 @@ class Workload:
         follow: Follow,
         leave_after: float | None,
         hold_mean: float | None = None,
+        start: str | None = None,
     ) -> None:
         """Follow to END, reconnecting with Last-Event-ID after a drop, a cut, a clean
         end without END (drain), an `unavailable` frame or a 5xx; after a gap, rejoin at
@@ -747,7 +836,7 @@ class Workload:
         hold_mean = self.args.hold if hold_mean is None else hold_mean
         started = time.monotonic()
         path = f"/v1/runs/{follow.run_id}/stream"
-        segment = Segment(None)
+        segment = Segment(start)
         follow.segments.append(segment)
         while True:
             if self.abort or self.follow_abort:
@@ -905,25 +994,120 @@ class Workload:
 
 
 def removed_until(run: Run, workload: Workload) -> float | None:
-    """The end of the last removal that may have taken this run's log (None: never)."""
+    """The end of the last removal that may have taken this run's log (None: never): a
+    delete, a retirement, an eviction or an empty restart, or a failover that may have
+    lost its claim."""
     windows = [*run.deletes, *workload.evictions]
     windows += [w for session, w in workload.retired if session == run.session_id]
+    windows += [w for w in workload.failovers if w[0] <= run.claimed_at]
     ends = [end for start, end in windows if end >= run.claim_started]
     return max(ends) if ends else None
+
+
+@dataclass
+class History:
+    """Every entry a run's log held that the run knows of (acknowledged, or read at a
+    loss, or in the final log), in id order, each with the losses it lived through: it
+    was written after `born` of the run's losses and removed by loss `died` (NEVER: it
+    is in the log now). Two entries were in the log together with nothing between them
+    (so a reader may get one right after the other) when some epoch E (the log between
+    two losses) holds both and none of the entries between them."""
+
+    ids: list[str]
+    data: list[bytes | None]  # an event's data; None for an END
+    born: list[int]
+    died: list[int]
+    index: dict[str, int]
+
+    def lost(self) -> set[str]:
+        return {i for i, d in zip(self.ids, self.died, strict=True) if d != NEVER}
+
+    def after(self, position: str | None, entry: int) -> bool:
+        """Whether a reader at `position` (None: the start) may get `entry` next."""
+        if position is None:
+            first, born_a, died_a = 0, 0, NEVER
+        elif position in self.index:
+            a = self.index[position]
+            first, born_a, died_a = a + 1, self.born[a], self.died[a]
+        else:  # a cursor the run never held: the next entry is the first above it
+            first = bisect.bisect_right([key(i) for i in self.ids], key(position))
+            born_a, died_a = 0, NEVER
+        if first > entry:
+            return False
+        between = max(self.died[first:entry], default=-1)
+        low = max(born_a, self.born[entry], between + 1)
+        return low <= min(died_a, self.died[entry])
+
+
+def history(run: Run, losses: list[Loss], log: list[tuple[str, dict[bytes, bytes]]]) -> History:
+    mine = [loss for loss in losses if run.run_id in loss.before]
+    entries: dict[str, bytes | None] = dict(zip(run.ids, run.payloads, strict=True))
+    for end in [*run.old_ends, run.end_id]:
+        if end is not None:
+            entries[end] = None
+    for loss in mine:
+        for entry_id, data, _ in loss.before[run.run_id]:
+            entries.setdefault(entry_id, data)
+    for entry_id, fields in log:
+        entries.setdefault(entry_id, fields.get(b"d"))
+    held = [{i for i, _, _ in loss.before[run.run_id]} for loss in mine]
+    acked_at = dict(zip(run.ids, run.acked_at, strict=True))
+    ids = sorted(entries, key=key)
+    born, died = [], []
+    for entry_id in ids:
+        first = next((k for k, h in enumerate(held) if entry_id in h), None)
+        if first is None:  # written after the last loss that saw it (or never seen)
+            at = acked_at.get(entry_id, float("inf"))
+            first = sum(1 for loss in mine if loss.at < at)
+        born.append(first)
+        died.append(
+            next(
+                (
+                    k
+                    for k, (h, loss) in enumerate(zip(held, mine, strict=True))
+                    if entry_id in h and entry_id not in loss.after[run.run_id]
+                ),
+                NEVER,
+            )
+        )
+    return History(ids, [entries[i] for i in ids], born, died, {i: n for n, i in enumerate(ids)})
 
 
 def verify_run(
     run: Run,
     log: list[tuple[str, dict[bytes, bytes]]],
     until: float | None,
+    lost: set[str],
     violations: Violations,
 ) -> None:
+    """`lost`: acknowledged entries a failover or a lost incarnation took (known
+    exactly): the log must hold every other one."""
     rid = run.run_id
     keys = [key(i) for i in run.ids]
     if any(a >= b for a, b in itertools.pairwise(keys)):
         violations.add(f"run {rid}: acknowledged ids repeat or go backwards")
     if run.end_id is not None and keys and key(run.end_id) <= keys[-1]:
         violations.add(f"run {rid}: END id {run.end_id} not above the last event")
+    if reused := set(run.old_ends) & {*run.ids, run.end_id}:
+        violations.add(f"run {rid}: the id of a lost incarnation's END reused: {reused}")
+    if lost:
+        kept = [n for n, i in enumerate(run.ids) if i not in lost]
+        run = Run(
+            rid,
+            run.producer,
+            run.session_id,
+            run.claim_started,
+            ids=[run.ids[n] for n in kept],
+            payloads=[run.payloads[n] for n in kept],
+            sent_at=[run.sent_at[n] for n in kept],
+            end_id=run.end_id,
+            end_sent_at=run.end_sent_at,
+            expected_end=run.expected_end,
+            evicted=run.evicted,
+        )
+        seqs = [orjson.loads(p).get("seq") for p in run.payloads]
+    else:
+        seqs = list(range(len(run.ids)))
     events = [(i, f[b"d"]) for i, f in log if b"e" in f]
     ends = [(n, f[b"end"].decode()) for n, (_, f) in enumerate(log) if b"end" in f]
     allowed_ends = {run.expected_end, "success"} if run.evicted else {run.expected_end}
@@ -952,7 +1136,7 @@ def verify_run(
         )
     elif [d for _, d in events] != run.payloads[skipped:]:
         violations.add(f"run {rid}: log payloads differ from what was sent")
-    elif [p.get("seq") for p in payloads] != list(range(skipped, len(run.ids))):
+    elif [p.get("seq") for p in payloads] != seqs[skipped:]:
         violations.add(f"run {rid}: log seqs are not consecutive (loss or duplicate)")
     elif until is not None and skipped > bisect.bisect_right(run.sent_at, until):
         violations.add(
@@ -1027,6 +1211,58 @@ def verify_follow(f: Follow, run: Run, exposed: bool, violations: Violations) ->
     return len(ids)
 
 
+def verify_follow_history(
+    f: Follow, run: Run, hist: History, exposed: bool, violations: Violations
+) -> int:
+    """`verify_follow` for a run that lost acknowledged entries: each part holds entries
+    that were next to each other in the log at some moment (`History.after`), its END
+    one that followed its last event so; an event after a position the log lost, or
+    after a gap in what the log held, is a violation."""
+    where = f"follow {f.who} of {f.run_id}"
+    ids = f.ids
+    if len(set(ids)) != len(ids) or any(key(a) >= key(b) for a, b in itertools.pairwise(ids)):
+        repeated = [i for i in sorted(set(ids)) if ids.count(i) > 1]
+        what = f"a repeated id {repeated[0]}" if repeated else "ids that go backwards"
+        violations.add(f"{where}: {what}; {describe(f, hist.index)}")
+        return -1
+    ends = [n for n, d in enumerate(hist.data) if d is None]
+    for part, segment in enumerate(f.segments):
+        position = segment.start
+        for event_id, data in zip(segment.ids, segment.data, strict=True):
+            n = hist.index.get(event_id)
+            if n is None or hist.data[n] is None:
+                violations.add(f"{where}: {event_id} was never an event of the run")
+                return -1
+            if not (position is None and exposed) and not hist.after(position, n):
+                violations.add(
+                    f"{where}: after {position} got {event_id} (part {part}, cursor "
+                    f"{segment.start}), never next to it in the log (lost: "
+                    f"{len(hist.lost())}): a silent skip; {describe(f, hist.index)}"
+                )
+                return -1
+            if data != hist.data[n]:
+                violations.add(f"{where}: payload of {event_id} differs from what was sent")
+                return -1
+            position = event_id
+        if segment.terminal == "end":
+            status = (segment.terminal_data or {}).get("status")
+            # an END of a lost incarnation, or one lost in a failover, was `success`
+            allowed = {run.expected_end, "success"}
+            if not (position is None and exposed) and not any(
+                hist.after(position, e) for e in ends
+            ):
+                violations.add(
+                    f"{where}: END after {position} (part {part}, cursor {segment.start}), "
+                    f"which no END of the log followed: a silent partial; "
+                    f"{describe(f, hist.index)}"
+                )
+                return -1
+            if status not in allowed:
+                violations.add(f"{where}: END {status!r}, expected {run.expected_end!r}")
+                return -1
+    return len(ids)
+
+
 def verify_turns(
     records: dict[str, dict[bytes, bytes]],
     texts: dict[str, bytes],
@@ -1082,7 +1318,10 @@ def verify_turns(
 
 
 def verify_session_follows(
-    workload: Workload, until: dict[str, float | None], violations: Violations
+    workload: Workload,
+    until: dict[str, float | None],
+    lossy: set[str],
+    violations: Violations,
 ) -> tuple[int, int]:
     """Every session follower's turns are the session's claims in order (consecutive
     runs of its producer, none skipped), and each turn's events are exactly its
@@ -1112,21 +1351,22 @@ def verify_session_follows(
             if event == "turn_end":
                 ends[run_id] = orjson.loads(data).get("status")
             elif event == "gap":
-                if until[run_id] is None:
+                if until[run_id] is None and run_id not in lossy:
                     violations.add(f"{where}: gap in {run_id}, never removed: {data!r}")
             elif event != "turn":
                 events.setdefault(run_id, []).append((position, data))
         for a, b in itertools.pairwise(order):
             number_a, number_b = (int(r.rsplit("-", 1)[1]) for r in (a, b))
-            if runs[b].session_id != f.session_id or number_b != number_a + 1:
+            sessions = {runs[b].session_id, *runs[b].old_sessions}
+            if f.session_id not in sessions or number_b != number_a + 1:
                 violations.add(f"{where}: turn {b} followed {a} (a turn skipped or out of order)")
         for run_id in order:
             run, got = runs[run_id], events.get(run_id, [])
             if len({p for p, _ in got}) != len(got):
                 violations.add(f"{where}: {run_id}: an event repeated")
                 continue
-            if until[run_id] is not None or run.evicted:
-                continue  # a removal changes the log under the reader: gaps checked above
+            if until[run_id] is not None or run.evicted or run_id in lossy:
+                continue  # a removal or loss changes the log under the reader
             if [p for p, _ in got] != run.ids[: len(got)]:
                 violations.add(f"{where}: {run_id}: events are not its first ones in order")
             elif [d for _, d in got] != run.payloads[: len(got)]:
@@ -1156,10 +1396,18 @@ def verify(
             texts[run.run_id] = c.get(f"{KEY_PREFIX}{{{run.run_id}}}:text") or b""
     runs = {run.run_id: run for run in workload.runs}
     until = {run.run_id: removed_until(run, workload) for run in workload.runs}
+    lossy = {run_id for loss in workload.losses for run_id in loss.before}
+    histories = {
+        run.run_id: history(run, workload.losses, logs[run.run_id])
+        for run in workload.runs
+        if run.run_id in lossy
+    }
     for run in workload.runs:
-        verify_run(run, logs[run.run_id], until[run.run_id], violations)
+        hist = histories.get(run.run_id)
+        lost = hist.lost() if hist is not None else set()
+        verify_run(run, logs[run.run_id], until[run.run_id], lost, violations)
     turns, sessions = verify_turns(records, texts, logs, until, workload, violations)
-    feeds, feed_turns = verify_session_follows(workload, until, violations)
+    feeds, feed_turns = verify_session_follows(workload, until, lossy, violations)
     workload.stats["session_follows"] = feeds
     workload.stats["session_follow_turns"] = feed_turns
 
@@ -1173,17 +1421,38 @@ def verify(
         elif f.outcome.startswith("http") or f.outcome in ("open", "unfinished", "gap loop"):
             violations.add(f"{where}: {f.outcome} after {len(f.ids)} events")
             continue
-        count = verify_follow(f, run, exposed, violations)
+        hist = histories.get(f.run_id)
+        if hist is None:
+            count = verify_follow(f, run, exposed, violations)
+        else:
+            count = verify_follow_history(f, run, hist, exposed, violations)
         if count < 0:
             continue
         for segment in f.segments:
             if segment.terminal == "gap":
+                if not (segment.terminal_data or {}).get("reason"):
+                    violations.add(f"{where}: a gap without a reason {segment.terminal_data}")
                 gaps += 1
-                if not exposed:
+                if not exposed and hist is None:
                     unexplained += 1
                     print(f"gap on a run never removed: {where}: {segment.terminal_data}")
         verified += count
     return verified, gaps, unexplained, turns, sessions
+
+
+def snapshot(server: RedisServer, run_id: str = "*") -> dict[str, list[Entry]]:
+    """Every run log on `server` (or one run's): run id -> its entries."""
+    with server.client() as c:
+        names = sorted(c.scan_iter(match=f"{KEY_PREFIX}{{{run_id}}}:log", count=1000))
+        pipe = c.pipeline(transaction=False)
+        for name in names:
+            pipe.xrange(name)
+        logs = pipe.execute()
+    prefix, suffix = len(KEY_PREFIX) + 1, len("}:log")
+    return {
+        name.decode()[prefix:-suffix]: [(i.decode(), f.get(b"d"), b"end" in f) for i, f in log]
+        for name, log in zip(names, logs, strict=True)
+    }
 
 
 # ------------------------------------------------------------------------ main thread
@@ -1215,6 +1484,12 @@ class Chaos:
         # ran it, the gateway never learns): `reply_drop`
         self.relay: FaultRelay | None = None
         self.relay_ready = threading.Event()
+        # The gateways reach Redis through a forwarder that a failover points at the
+        # promoted replica (as a managed endpoint or a DNS name that follows the primary).
+        self.forwarder: TcpForwarder | None = None
+        self.replica: RedisServer | None = None
+        self.replicas_started = 0
+        self.lost_events = self.lost_ends = self.lost_claims = 0
 
     def log(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
@@ -1230,14 +1505,29 @@ class Chaos:
         with contextlib.suppress(Exception):
             anyio.run(main)
 
+    def new_replica(self) -> RedisServer:
+        """A replica of the current master (AOF as the master), once in sync."""
+        self.replicas_started += 1
+        replica = RedisServer(
+            "--replicaof",
+            HOST,
+            str(self.redis.port),
+            *AOF_ALWAYS,
+            directory=self.dir / f"redis-replica{self.replicas_started}",
+        ).start()
+        wait_in_sync(self.redis, replica)
+        return replica
+
     def start(self) -> None:
         self.redis.start()
-        self.relay = FaultRelay(("127.0.0.1", self.redis.port), marker=b"EVALSHA")
+        self.replica = self.new_replica()
+        self.forwarder = TcpForwarder(self.redis.address).start()
+        self.relay = FaultRelay(("127.0.0.1", self.forwarder.port), marker=b"EVALSHA")
         threading.Thread(target=self._serve_relay, name="relay", daemon=True).start()
         if not self.relay_ready.wait(10):
             raise RuntimeError("the reply-dropping relay did not start")
         for n, gw in enumerate(self.gateways):
-            gw.redis_url = f"redis://127.0.0.1:{self.relay.port}" if n == 0 else self.redis.url
+            gw.redis_url = f"redis://127.0.0.1:{self.relay.port}" if n == 0 else self.forwarder.url
             gw.start()
         self.proxy = Proxy("haproxy", [g.url for g in self.gateways], directory=self.dir / "lb")
         self.proxy.start()
@@ -1255,8 +1545,12 @@ class Chaos:
             if item is not None:
                 with contextlib.suppress(Exception):
                     item.kill()
-        with contextlib.suppress(Exception):
-            self.redis.kill()
+        for server in (self.redis, self.replica):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.kill()
+        if self.forwarder is not None:
+            self.forwarder.close()
 
     def restart_gateway(self, gw: GatewayProcess) -> None:
         for attempt in range(10):
@@ -1298,6 +1592,12 @@ class Chaos:
             workload.faults[kind] += 1
         elif kind == "eviction":
             self.evict(workload)
+        elif kind == "failover":
+            self.failover(workload)
+        elif kind == "restart_empty":
+            self.restart_empty(workload)
+        elif kind == "claimed_again":
+            self.claim_again(workload)
         elif kind == "reply_drop":
             assert self.relay is not None
             self.relay.armed = True  # gw1's next script: applied, its reply lost
@@ -1367,6 +1667,116 @@ class Chaos:
             f"{len(run.ids)} events: {len(removed)} logs removed"
         )
         workload.faults["session_retire"] += 1
+
+    def failover(self, workload: Workload) -> None:
+        """The replica stops replicating (in sync until then), the master acknowledges
+        0.2-1 s of writes the replica never gets, then the master dies and the replica is
+        promoted and the forwarder moved to it: those writes are lost. Both logs are
+        read with the master's writes paused (`CLIENT PAUSE WRITE`: the scripts in flight
+        then die with it, unapplied) so the loss is known exactly."""
+        assert self.replica is not None and self.forwarder is not None
+        old, new = self.redis, self.replica
+        wait_in_sync(old, new)
+        window = [time.monotonic(), float("inf")]
+        workload.failovers.append(window)
+        detach(new)
+        time.sleep(self.rng.uniform(0.2, 1.0))
+        with old.client() as c:
+            c.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+        before, after = snapshot(old), snapshot(new)
+        old.kill()
+        promote(new)
+        new.extra_args = AOF_ALWAYS  # restarted by a later outage, it stays a primary
+        self.forwarder.repoint(new.address)
+        window[1] = time.monotonic()
+        self.redis = new
+        self.replica = self.new_replica()
+        lost: dict[str, list[Entry]] = {}
+        kept: dict[str, set[str]] = {}
+        for run_id, entries in before.items():
+            survived = {i for i, _, _ in after.get(run_id, [])}
+            if any(i not in survived for i, _, _ in entries):
+                lost[run_id], kept[run_id] = entries, survived
+        if lost:
+            workload.losses.append(Loss("failover", window[0], lost, kept))
+        gone = {i for run_id, entries in lost.items() for i, _, _ in entries} - {
+            i for ids in kept.values() for i in ids
+        }
+        events = ends = claims = 0
+        for run in workload.runs:
+            if run.run_id not in lost:
+                continue
+            events += sum(1 for i in run.ids if i in gone)
+            claims += not kept[run.run_id]
+            if run.end_id in gone:  # the producer was told it ended: a gateway ends it
+                ends += 1
+                run.end_id = run.end_sent_at = None
+                run.ended = False
+                run.expected_end = "producer_lost"
+                run.abandoned_at = time.monotonic()
+        self.lost_events += events
+        self.lost_ends += ends
+        self.lost_claims += claims
+        self.log(
+            f"failover: replica :{new.port} promoted; lost {events} acknowledged events, "
+            f"{ends} ENDs, {claims} whole runs, of {len(lost)} runs"
+        )
+        workload.faults["failover"] += 1
+
+    def restart_empty(self, workload: Workload) -> None:
+        """Redis killed and started again without its AOF: it comes back empty (as a
+        server without persistence does), and its replica follows it empty."""
+        window = [time.monotonic(), float("inf")]
+        workload.evictions.append(window)  # every key gone: what an eviction of all does
+        down = self.rng.uniform(0.5, 2.0)
+        self.redis.kill()
+        shutil.rmtree(self.redis.dir / "appendonlydir", ignore_errors=True)
+        (self.redis.dir / "dump.rdb").unlink(missing_ok=True)
+        time.sleep(down)
+        self.redis.restart()
+        window[1] = time.monotonic()
+        self.log(f"restart_empty: redis killed, back empty after {down:.1f}s")
+        workload.faults["restart_empty"] += 1
+
+    def claim_again(self, workload: Workload) -> None:
+        """An ended run's keys removed (as its TTL would), then the run id claimed again
+        by the workload's claimer; its old incarnation is a loss."""
+        now = time.monotonic()
+        candidates = [
+            r
+            for r in workload.runs
+            if r.ended
+            and r.end_id is not None
+            and r.ids
+            and not r.evicted
+            and not workload.eviction_touched(r)
+            and removed_until(r, workload) is None
+            and now - r.claimed_at > 2
+        ]
+        if not candidates:
+            return
+        run = self.rng.choice(candidates)
+        with self.redis.client() as c:
+            entries = snapshot(self.redis, run.run_id).get(run.run_id, [])
+            names = list(c.scan_iter(match=f"{KEY_PREFIX}{{{run.run_id}}}*", count=1000))
+            c.delete(*names)
+        workload.losses.append(
+            Loss("claimed_again", now, {run.run_id: entries}, {run.run_id: set()})
+        )
+        assert run.end_id is not None
+        run.old_ends.append(run.end_id)
+        run.old_sessions.append(run.session_id)
+        run.session_id = f"{run.session_id}-again{len(run.old_sessions)}"
+        run.end_id = run.end_sent_at = None
+        run.ended = False
+        run.expected_end = "success"
+        run.claim_started = run.claimed_at = time.monotonic()
+        workload.again_requests.append(run)
+        self.log(
+            f"claimed_again: {run.run_id} ({len(run.ids)} events, {len(names)} keys removed) "
+            "claimed again"
+        )
+        workload.faults["claimed_again"] += 1
 
     def evict(self, workload: Workload) -> None:
         """maxmemory below what is in use, volatile-lru, for 2-4 s. The target cuts
@@ -1484,6 +1894,13 @@ class Chaos:
             f"{stats['follows_of_evicted_runs']} follows of evicted runs ended 404"
         )
         print(f"pub/sub kills:       {self.pubsub_killed} notifier connections killed")
+        again = sum(1 for loss in workload.losses if loss.kind == "claimed_again")
+        print(
+            f"losses:              {self.lost_events} acknowledged events, {self.lost_ends} "
+            f"ENDs and {self.lost_claims} whole runs lost in failovers; {again} runs' "
+            f"incarnations lost and claimed again ({stats['again_follows']} readers resumed "
+            "them with old cursors)"
+        )
         cut = self.relay.cut if self.relay is not None else 0
         print(f"lost replies:        {cut} script replies lost after Redis ran the script (gw1)")
         print(
