@@ -33,12 +33,14 @@ from sse_load import (
 SERVER_CPU = {0}  # the clients' CPU is sse_idle.hold_path's
 
 
-async def _prepare(port: int, kind: str, tag: str) -> str:
-    """Create what the connections follow; the path they open."""
+async def _prepare(port: int, kind: str, tag: str, lease: float | None = None) -> str:
+    """Create what the connections follow; the path they open. `lease`: seconds the
+    silent run's lease lasts (the default's 30 s would end it within a long hold)."""
     client = HttpClient("127.0.0.1", port)
+    longer = {} if lease is None else {"lease_seconds": lease}
     try:
         if kind == "run stream":
-            status, body = await client.post_json("/v1/runs", {"run_id": f"idle-{tag}"})
+            status, body = await client.post_json("/v1/runs", {"run_id": f"idle-{tag}", **longer})
             assert status == 201, body
             return f"/v1/runs/idle-{tag}/stream"
         session = f"feed-{tag}"
@@ -51,7 +53,7 @@ async def _prepare(port: int, kind: str, tag: str) -> str:
         )
         assert status == 200, body
         if kind == "feed, in turn":
-            status, body = await client.post_json("/v1/runs", {"session_id": session})
+            status, body = await client.post_json("/v1/runs", {"session_id": session, **longer})
             assert status == 201, body
         return f"/v1/sessions/{session}/stream"
     finally:
