@@ -58,6 +58,10 @@ class LoadReport:
     late_hist: list[int] = field(default_factory=lambda: [0] * _LATE_BUCKETS)
     accepted: int = 0  # `stream`: the done lines' counts; `post`: 200 replies
     accept_known: int = 0  # runs whose done line (or every reply) arrived before stop_at
+    # Tokens due in [w0, w1) on a connection the server had closed (counted in `sent`: the
+    # server, not the load, failed them), and the closed runs' error codes.
+    refused: int = 0
+    closed: dict[str, int] = field(default_factory=dict)
     cpu: float = 0.0  # CPU seconds of the workers (producers and followers) in [w0, w1)
 
     def merge(self, other: LoadReport) -> None:
@@ -69,6 +73,9 @@ class LoadReport:
         self.late_hist = [a + b for a, b in zip(self.late_hist, other.late_hist, strict=True)]
         self.accepted += other.accepted
         self.accept_known += other.accept_known
+        self.refused += other.refused
+        for code, n in other.closed.items():
+            self.closed[code] = self.closed.get(code, 0) + n
         self.cpu += other.cpu
 
     def lateness_ms(self, q: float) -> float:
@@ -141,6 +148,20 @@ class _Producer(asyncio.Protocol):
         self.tail = b""  # `stream`: the reply's last bytes, where the done line ends up
         self.replies = 0  # `post`: 200 replies
         self.parser = httptools.HttpResponseParser(self) if kind == "post" else None
+        self.lost = False  # the server closed the connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+    def error_code(self) -> str:
+        """`stream`: the error line's code the server ended the append with, if any."""
+        at = self.tail.rfind(b'{"error":')
+        if at < 0:
+            return "closed"
+        try:
+            return str(orjson.loads(self.tail[at:].split(b"\n", 1)[0])["error"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return "closed"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -254,7 +275,8 @@ async def _worker(
     # This worker's runs in the order of their phase within an interval.
     phases = [g / (total_runs * rate) for g, _ in plan]
     order = sorted(range(len(plan)), key=phases.__getitem__)
-    transports = [producers[i].transport for i in order]
+    ordered = [producers[i] for i in order]
+    transports = [p.transport for p in ordered]
     heads = [heads[i] for i in order]
     phases = [phases[i] for i in order]
     opened = [False] * len(order)
@@ -275,7 +297,11 @@ async def _worker(
             due = round_start + phases[index]
             if due > now:
                 break
-            if kind == "stream":
+            if ordered[index].lost:
+                if in_window:
+                    report.sent += 1
+                    report.refused += 1
+            elif kind == "stream":
                 line = b'{"event":"token","data":{"t":%s,"text":"tok"}}\n' % stamp
                 chunk = b"%x\r\n%s\r\n" % (len(line), line)
                 if opened[index]:
@@ -288,7 +314,7 @@ async def _worker(
                 transports[index].write(  # type: ignore[union-attr]
                     heads[index] + b"%d\r\n\r\n%s" % (len(body), body)
                 )
-            if in_window:
+            if in_window and not ordered[index].lost:
                 report.sent += 1
                 late[min(int((now - due) * 10_000), _LATE_BUCKETS - 1)] += 1
             index += 1
@@ -298,17 +324,24 @@ async def _worker(
     report.cpu = time.process_time() - cpu0 if in_window else 0.0
     if kind == "stream":
         for i, transport in enumerate(transports):
-            if opened[i]:
+            if opened[i] and not ordered[i].lost:
                 transport.write(b"0\r\n\r\n")  # type: ignore[union-attr]
     await asyncio.sleep(max(0.0, window.stop_at - time.time()))
     if kind == "stream":
         counts = [p.done_count() for p in producers]
         report.accepted = sum(c for c in counts if c is not None)
         report.accept_known = sum(c is not None for c in counts)
+        for p in producers:
+            if p.lost and p.done_count() is None:
+                code = p.error_code()
+                report.closed[code] = report.closed.get(code, 0) + 1
     else:
         report.accepted = sum(p.replies for p in producers)
         # (Every token of the whole schedule, warm-up included, had its reply.)
         report.accept_known = -1
+        lost = sum(p.lost for p in producers)
+        if lost:
+            report.closed["closed"] = lost
     for proto in [*follows, *producers]:
         if proto.transport is not None:
             proto.transport.close()

@@ -45,7 +45,8 @@ within `--grace` seconds after the window. Per point and server:
   commands per token (INFO commandstats);
 - p50 / p99 publish -> receive ms over every token sent (one that never arrived counts as
   later than the grace: p99 prints `>grace` once more than 1 % is missing);
-- delivered as a share of sent;
+- delivered as a share of sent (a token due on a producer connection the server had
+  closed counts as sent and not delivered; the row names the error codes it ended with);
 - the load's own p99 schedule lateness, ms, and the share of the asked tokens it wrote: a
   point where it wrote under 99 % or ran over 10 ms late is marked `LOAD` (the generator,
   not the server, was the limit) and never counted as the server's figure;
@@ -407,6 +408,8 @@ def knee_row(
         "missing": missing,
         "accepted": report.accepted,
         "accept_known": report.accept_known,
+        "refused": report.refused,
+        "closed": report.closed,
         "server_us_per_token": cpu / sent * 1e6,
         "server_us_per_delivered": cpu / max(1, len(lat)) * 1e6,
         "redis_us_per_token": rcpu / sent * 1e6,
@@ -443,6 +446,9 @@ def print_knee_row(row: dict[str, Any]) -> None:
         notes.append("not keeping up")
     elif row["p99_ms"] > KNEE_P99_MS:
         notes.append("p99 > 50 ms")
+    if row["closed"]:
+        closed = ", ".join(f"{n} {code}" for code, n in sorted(row["closed"].items()))
+        notes.append(f"producer connections ended by the server: {closed}")
     if row["cpu0_other"] > CPU0_SHARED:
         notes.append("CPU 0 shared with other processes")
     print(
