@@ -441,7 +441,7 @@ def fmt_ms(value: float, grace_ms: float) -> str:
 def print_knee_row(row: dict[str, Any]) -> None:
     notes = []
     if not row["load_ok"]:
-        notes.append("LOAD: the generator, not the server, was the limit")
+        notes.append("LOAD: the load ran late or short, not the server's figure")
     elif row["delivered_share"] < KEEPS_UP:
         notes.append("not keeping up")
     elif row["p99_ms"] > KNEE_P99_MS:
@@ -486,7 +486,29 @@ def knee_summary(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
         if load_limited:
             line += f"; not measured (load-limited) at {', '.join(map(str, load_limited))}"
         lines.append(line)
+    # The issue's per-point ratios (#38's targets at 100 runs), where both servers ran.
+    if "gateway-stream" in servers and "resumable-stream" in servers:
+        for runs in sorted({r["runs"] for r in rows}):
+            pair = {r["server"]: r for r in rows if r["runs"] == runs}
+            if len(pair) < 2:
+                continue
+            gw, rs = pair["gateway-stream"], pair["resumable-stream"]
+            caveat = "" if gw["load_ok"] and rs["load_ok"] else " (a LOAD point: not the servers')"
+            lines.append(
+                f"{runs} runs, gateway-stream / resumable-stream: CPU per token "
+                f"{ratio(gw['server_us_per_token'], rs['server_us_per_token'])} (target <= 0.7), "
+                f"Redis CPU per token "
+                f"{ratio(gw['redis_us_per_token'], rs['redis_us_per_token'])} (<= 2), "
+                f"commands per token {gw['redis_commands_per_token']:.2f} (<= 3), p99 "
+                f"{ratio(gw['p99_ms'], rs['p99_ms'])} (<= 1){caveat}"
+            )
     return lines
+
+
+def ratio(a: float, b: float) -> str:
+    if a == float("inf") or b == float("inf") or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}"
 
 
 def run_sweep(args: argparse.Namespace, seconds: float, servers: list[str]) -> None:
