@@ -1,8 +1,16 @@
 -- publish.lua: append events to a run log, fenced by the producer token.
 --
--- Order matters and is the contract: token check, then END detection on the tail
--- only (O(1), whatever the retained history), then the lease, then XADD with exact
--- trimming and TTL refresh. Nothing is written unless every check passes.
+-- Order matters and is the contract: token check, then END detection (O(1), whatever
+-- the retained history), then the lease, then XADD with exact trimming and TTL refresh.
+-- Nothing is written unless every check passes.
+--
+-- A lone token costs EVALSHA, TIME, HMGET, XADD, HSET and SPUBLISH. The END check reads
+-- the record, not the log: publish_end.lua marks the record ended in the step that
+-- appends the END, and `last` (rewritten by every append, in the one HSET) is the log's
+-- newest id, so the tail is read (XREVRANGE) only when the record cannot say: the
+-- legacy END scan is on (ARGV[8]: an unfenced writer's END is in the log alone), or
+-- the run has appended nothing yet. A log removed under the producer is found by the
+-- first XADD (NOMKSTREAM), which then goes again as on a missing log.
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  producer token
@@ -14,7 +22,9 @@
 -- ARGV[7]  the server's identity as the gateway's connection saw it ("": unknown; "?": ask
 --          the server, on a cluster), for
 --          the run's epoch (entry_id.lua)
--- ARGV[8..] event name, JSON payload, event name, JSON payload, ...
+-- ARGV[8]  "1" when the legacy END scan is on (unfenced writers may have appended an END
+--          the record does not know of: the tail is read), else "0"
+-- ARGV[9..] event name, JSON payload, event name, JSON payload, ...
 -- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
 --
 -- A run of a session has a turn record (claim.lua opens it); the events fold into it
@@ -56,7 +66,8 @@ local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
   'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base',
-  'seq_cur', 'seq_n', 'floor', 'srv', 'ep')
+  'seq_cur', 'seq_n', 'floor', 'srv', 'ep', 'end_id')
+local FIRST = 9  -- ARGV index of the first event's name
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
 end
@@ -66,17 +77,27 @@ end
 -- tail that is not that event is read as always: an END, or a legacy writer's entries).
 local tail = nil
 local retry = meta[11] == ARGV[1] and meta[7] and tonumber(ARGV[6])
+local after_last = false  -- the log holds entries after `last` (an END, a legacy write)
 if retry and tonumber(ARGV[6]) < tonumber(meta[12]) then
   if #redis.call('XRANGE', KEYS[2], '(' .. meta[7], '+', 'COUNT', 1) == 0 then
     if redis.call('EXISTS', KEYS[2]) == 1 then tail = {meta[7]} end
   else
-    retry = false
+    retry, after_last = false, true
   end
 else
   retry = false
 end
+-- From the record (see the top): an END, or the newest id, presumed still in the log.
+local presumed = false
 if not retry then
-  tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+  if ARGV[8] ~= '1' and meta[7] and not after_last then
+    if meta[3] and meta[3] ~= 'running' then
+      return {'ended', meta[20] or ''}
+    end
+    tail, presumed = {meta[7]}, true
+  else
+    tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+  end
 end
 if tail and tail[2] and tail[2][1] == 'end' then
   return {'ended', tail[1]}
@@ -168,7 +189,7 @@ local function recorded_ids(cur, closed, from, want)
 end
 
 local batch_seq = tonumber(ARGV[6])
-local count = (#ARGV - 7) / 2
+local count = (#ARGV - FIRST + 1) / 2
 local skip = 0
 local applied = {}
 local s = nil
@@ -222,9 +243,22 @@ local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
 local push = {}
 local push_bytes = 0
 local runs = {}  -- numbered: the new ids as runs of consecutive ones, {ms, part, count}
-for i = 8 + 2 * skip, #ARGV, 2 do
-  local id = redis.call('XADD', KEYS[2], entry_id(epoch, prev, now, in_log), 'e', ARGV[i],
-    'd', ARGV[i + 1])
+for i = FIRST + 2 * skip, #ARGV, 2 do
+  local id = nil
+  if presumed then
+    presumed = false
+    id = redis.call('XADD', KEYS[2], 'NOMKSTREAM', entry_id(epoch, prev, now, in_log), 'e',
+      ARGV[i], 'd', ARGV[i + 1])
+    if not id then
+      -- The log was removed under the producer: as for any missing log, the new one's
+      -- ids follow the last one the run handed out, its floor.
+      tail, floor, in_log = nil, meta[7], false
+    end
+  end
+  if not id then
+    id = redis.call('XADD', KEYS[2], entry_id(epoch, prev, now, in_log), 'e', ARGV[i],
+      'd', ARGV[i + 1])
+  end
   prev, in_log = id, true
   reply[#reply + 1] = id
   if batch_seq then
@@ -331,7 +365,7 @@ end
 -- The turn record follows the append in this same step (turn_fold.lua): only the events
 -- appended now (an overlapping numbered batch folded its first `skip` events before).
 if meta[6] and meta[6] ~= '' and KEYS[3] then
-  turn_guarded(turn_fold, KEYS[3], KEYS[4], 8 + 2 * skip, now, ttl, refresh)
+  turn_guarded(turn_fold, KEYS[3], KEYS[4], FIRST + 2 * skip, now, ttl, refresh)
 end
 -- Wake the gateways following this run (the channel is the log key's name).
 if tail and #push == count then

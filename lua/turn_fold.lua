@@ -91,8 +91,9 @@ local function turn_open(tk, session, order, shaped, now, ttl)
   return true
 end
 
-local function turn_text(tk, xk, piece, append)
-  local chars = tonumber(redis.call('HGET', tk, TURN_FIELD.chars) or '0')
+-- `rec`: the record's counters as turn_fold read them (one HMGET), written back once.
+local function turn_text(tk, xk, piece, append, rec)
+  local chars = rec.chars
   local n = turn_chars(piece)
   local limit = append and TURN_MAX_TEXT - chars or TURN_MAX_TEXT
   if n > limit then
@@ -100,22 +101,29 @@ local function turn_text(tk, xk, piece, append)
     n = math.max(limit, 0)
     redis.call('HSET', tk, TURN_FIELD.trunc, '1')
   end
+  local created
   if append then
     if piece == '' then return false end
-    redis.call('APPEND', xk, piece)
-    redis.call('HSET', tk, TURN_FIELD.chars, string.format('%d', chars + n))
+    created = redis.call('APPEND', xk, piece) == #piece
+    rec.chars = chars + n
   else
-    if (redis.call('GET', xk) or '') == piece then return false end
-    redis.call('SET', xk, piece)
-    redis.call('HSET', tk, TURN_FIELD.chars, string.format('%d', n))
+    local old = redis.call('GET', xk)
+    if (old or '') == piece then return false end
+    redis.call('SET', xk, piece, 'KEEPTTL')
+    created = not old
+    rec.chars = n
   end
-  local ttl = redis.call('PTTL', tk)
-  if ttl > 0 then redis.call('PEXPIRE', xk, ttl) end
+  -- A text key lives as long as its record: every later change of the record's TTL
+  -- sets both (turn_set_ttl, turn_end), so only a new key takes it over here.
+  if created then
+    local ttl = redis.call('PTTL', tk)
+    if ttl > 0 then redis.call('PEXPIRE', xk, ttl) end
+  end
   return true
 end
 
 -- One event; returns changed, and the state after it.
-local function turn_apply(tk, xk, name, p, state)
+local function turn_apply(tk, xk, name, p, state, rec)
   local ok, data = pcall(cjson.decode, p)
   if not ok then return false, state end
   local object = string.byte(p, 1) == 123
@@ -127,12 +135,12 @@ local function turn_apply(tk, xk, name, p, state)
       piece = data['text']
     end
     if not piece then return false, state end
-    return turn_text(tk, xk, piece, name ~= 'text-set'), state
+    return turn_text(tk, xk, piece, name ~= 'text-set', rec), state
   elseif name == 'ui' then
     if not object or data['type'] ~= 'text-delta' or type(data['delta']) ~= 'string' then
       return false, state
     end
-    return turn_text(tk, xk, data['delta'], true), state
+    return turn_text(tk, xk, data['delta'], true, rec), state
   elseif name == 'state' then
     local s = data
     if object then s = data['state'] end
@@ -198,22 +206,27 @@ local function turn_fold(tk, xk, first, now, ttl, refresh)
   local state = nil
   local retime = refresh
   local changed = false
+  local rec = nil
   for i = first, #ARGV, 2 do
     if TURN_EVENTS[ARGV[i]] then
       if state == nil then
-        state = redis.call('HGET', tk, TURN_FIELD.state)
+        -- what a text event needs, in one read (a token costs this, APPEND and one HSET)
+        local got = redis.call('HMGET', tk, TURN_FIELD.state, TURN_FIELD.chars,
+          TURN_FIELD.updated)
+        state = got[1]
         if not state or TURN_ENDED[state] then return end
+        rec = {chars = tonumber(got[2] or '0'), updated = tonumber(got[3] or '0')}
       end
       local before = state
       local moved
-      moved, state = turn_apply(tk, xk, ARGV[i], ARGV[i + 1], state)
+      moved, state = turn_apply(tk, xk, ARGV[i], ARGV[i + 1], state, rec)
       changed = moved or changed
       if TURN_PARKED[before] ~= TURN_PARKED[state] then retime = true end
     end
   end
   if changed then
-    local updated = tonumber(redis.call('HGET', tk, TURN_FIELD.updated) or '0')
-    redis.call('HSET', tk, TURN_FIELD.updated, string.format('%d', math.max(updated, now)))
+    redis.call('HSET', tk, TURN_FIELD.chars, string.format('%d', rec.chars),
+      TURN_FIELD.updated, string.format('%d', math.max(rec.updated, now)))
   end
   if not retime then return end
   if state == nil then state = redis.call('HGET', tk, TURN_FIELD.state) end

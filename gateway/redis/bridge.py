@@ -381,6 +381,8 @@ class RedisStreamBridge:
             limit // TRIM_SLACK_DIVISOR,
             "" if seq is None else check_seq(seq, len(events)),
             "",  # the server's identity (filled in by _script, for the run's epoch)
+            # with the legacy scan on, END is checked on the log's tail (publish.lua)
+            "1" if self._settings.legacy_end_scan_enabled else "0",
         ]
         for name, payload in rules.encode_batch(events):
             args.append(name)
