@@ -1490,6 +1490,7 @@ class Chaos:
         self.replica: RedisServer | None = None
         self.replicas_started = 0
         self.lost_events = self.lost_ends = self.lost_claims = 0
+        self.turns_checked: set[str] = set()  # records checked on a server about to lose them
 
     def log(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
@@ -1684,6 +1685,7 @@ class Chaos:
         with old.client() as c:
             c.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
         before, after = snapshot(old), snapshot(new)
+        self.check_turns(old, workload)
         old.kill()
         promote(new)
         new.extra_args = AOF_ALWAYS  # restarted by a later outage, it stays a primary
@@ -1729,6 +1731,9 @@ class Chaos:
         window = [time.monotonic(), float("inf")]
         workload.evictions.append(window)  # every key gone: what an eviction of all does
         down = self.rng.uniform(0.5, 2.0)
+        with self.redis.client() as c:
+            c.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+        self.check_turns(self.redis, workload)
         self.redis.kill()
         shutil.rmtree(self.redis.dir / "appendonlydir", ignore_errors=True)
         (self.redis.dir / "dump.rdb").unlink(missing_ok=True)
@@ -1737,6 +1742,47 @@ class Chaos:
         window[1] = time.monotonic()
         self.log(f"restart_empty: redis killed, back empty after {down:.1f}s")
         workload.faults["restart_empty"] += 1
+
+    def check_turns(self, server: RedisServer, workload: Workload) -> None:
+        """With `server`'s writes paused, before a failover or an empty restart takes
+        what it holds: every turn record there equals its log there (text; state, once
+        the log has its END), for the runs no removal, eviction or loss touched."""
+        retired = {session for session, _ in workload.retired}
+        lossy = {run_id for loss in workload.losses for run_id in loss.before}
+        runs = [
+            r
+            for r in list(workload.runs)
+            if not r.evicted
+            and not workload.eviction_touched(r)
+            and r.session_id not in retired
+            and r.run_id not in lossy
+            and removed_until(r, workload) is None
+        ]
+        with server.client() as c:
+            pipe = c.pipeline(transaction=False)
+            for run in runs:
+                pipe.xrange(f"{KEY_PREFIX}{{{run.run_id}}}:log")
+                pipe.hgetall(f"{KEY_PREFIX}{{{run.run_id}}}:turn")
+                pipe.get(f"{KEY_PREFIX}{{{run.run_id}}}:text")
+            replies = pipe.execute()
+        for n, run in enumerate(runs):
+            log, record, text = replies[3 * n : 3 * n + 3]
+            if not record:
+                self.violations.add(f"turn {run.run_id}: no turn record on the server")
+                continue
+            events = [f for _, f in log if b"e" in f]
+            expected = "".join(orjson.loads(f[b"d"]).get("text", "") for f in events)
+            ends = [f[b"end"].decode() for _, f in log if b"end" in f]
+            state = record.get(b"state", b"").decode()
+            if (text or b"").decode() != expected:
+                self.violations.add(
+                    f"turn {run.run_id}: record text differs from its log's on the server "
+                    f"({len(text or b'')} vs {len(expected)} chars)"
+                )
+            elif ends and state != ends[0]:
+                self.violations.add(f"turn {run.run_id}: state {state!r}, log ended {ends[0]!r}")
+            else:
+                self.turns_checked.add(run.run_id)
 
     def claim_again(self, workload: Workload) -> None:
         """An ended run's keys removed (as its TTL would), then the run id claimed again
@@ -1878,7 +1924,8 @@ class Chaos:
         )
         print(
             f"turn records:        {turns} equal to their logs (text, END state), "
-            f"{sessions} sessions' turns in claim order"
+            f"{sessions} sessions' turns in claim order; {len(self.turns_checked)} equal "
+            "on a server just before a failover or an empty restart took them"
         )
         print(
             f"session feeds:       {stats['session_follows']} follows of whole sessions, "
