@@ -66,7 +66,7 @@ local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
   'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base',
-  'seq_cur', 'seq_n', 'floor', 'srv', 'ep', 'end_id')
+  'seq_cur', 'seq_n', 'floor', 'srv', 'ep', 'end_id', 'tpend', 'tfold')
 local FIRST = 9  -- ARGV index of the first event's name
 if not meta[1] or meta[1] ~= ARGV[1] then
   return {'fenced', 'token'}
@@ -317,7 +317,45 @@ end
 
 local maxlen = tonumber(ARGV[2])
 local length = (tail and tonumber(meta[9] or '0') or 0) + count
-if length > maxlen + tonumber(ARGV[5]) then
+local trimming = length > maxlen + tonumber(ARGV[5])
+local ttl = tonumber(ARGV[3])
+local remove_at = tonumber(meta[8] or '0')
+local ttl_at = tonumber(meta[10] or '0')
+local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
+
+-- The turn record follows the append in this same step (turn_fold.lua): the events
+-- appended now (an overlapping numbered batch folded its first `skip` events before)
+-- fold at once, but text, which waits in the log until a fold is due (`tpend`, `tfold`:
+-- see turn_fold.lua); due before this script trims or a scheduled removal can take it.
+local pending = nil  -- the record's new `tpend` and `tfold`, when they move
+if meta[6] and meta[6] ~= '' and KEYS[3] then
+  local pend, after = tonumber(meta[21] or '0'), meta[22]
+  local at_once, deferred, moves = {}, false, false
+  for i = FIRST + 2 * skip, #ARGV, 2 do
+    if TURN_DEFERRED[ARGV[i]] then
+      deferred = true
+    else
+      at_once[#at_once + 1] = {ARGV[i], ARGV[i + 1], now}
+      moves = moves or ARGV[i] == 'state' or ARGV[i] == 'status'
+    end
+  end
+  turn_guarded(turn_fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
+  if pend == 0 and deferred then after = tail and tail[1] or '0-0' end
+  if pend > 0 or deferred then
+    pend = pend + count
+    if pend >= TURN_FOLD_EVERY or moves or trimming or remove_at > 0 then
+      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], after)
+      pend = 0
+    end
+  end
+  if pend > 0 then
+    pending = {'tpend', string.format('%d', pend), 'tfold', after}
+  elseif meta[21] and meta[21] ~= '0' then
+    pending = {'tpend', '0'}
+  end
+end
+
+if trimming then
   length = redis.call('XLEN', KEYS[2])
   local excess = length - maxlen
   if excess > 0 then
@@ -331,10 +369,6 @@ if floor then
   redis.call('XSETID', KEYS[2], last, 'MAXDELETEDID', floor)
 end
 
-local ttl = tonumber(ARGV[3])
-local remove_at = tonumber(meta[8] or '0')
-local ttl_at = tonumber(meta[10] or '0')
-local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 local record = {'lease_until', string.format('%d', now + tonumber(meta[5])),
   'updated', string.format('%d', now), 'last', last, 'len', string.format('%d', length),
   'ttl_at', string.format('%d', refresh and now or ttl_at)}
@@ -344,6 +378,9 @@ end
 if floor then  -- what an overlap's ids are checked against (above)
   record[#record + 1] = 'floor'
   record[#record + 1] = floor
+end
+if pending then
+  for i = 1, #pending do record[#record + 1] = pending[i] end
 end
 if epoch_moved then
   record[#record + 1] = 'srv'
@@ -361,11 +398,6 @@ if refresh then
     redis.call('PEXPIRE', KEYS[2], ttl)
     if remove_at > 0 then redis.call('HDEL', KEYS[1], 'remove_at') end
   end
-end
--- The turn record follows the append in this same step (turn_fold.lua): only the events
--- appended now (an overlapping numbered batch folded its first `skip` events before).
-if meta[6] and meta[6] ~= '' and KEYS[3] then
-  turn_guarded(turn_fold, KEYS[3], KEYS[4], FIRST + 2 * skip, now, ttl, refresh)
 end
 -- Wake the gateways following this run (the channel is the log key's name).
 if tail and #push == count then

@@ -38,7 +38,7 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
 local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id', 'session',
-  'last', 'end_by', 'remove_at', 'srv', 'ep')
+  'last', 'end_by', 'remove_at', 'srv', 'ep', 'tpend', 'tfold')
 local session = meta[5] or ''
 local lease_until = tonumber(meta[2] or '0')
 local exists = redis.call('EXISTS', KEYS[2]) == 1
@@ -49,7 +49,14 @@ local function settle(end_id, status, by)
     'updated', string.format('%d', now), 'lease_until', '0', 'end_by', by)
   if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[3]) end
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  if KEYS[3] then turn_guarded(turn_end, KEYS[3], KEYS[4], status, now, ARGV[6]) end
+  if KEYS[3] then
+    -- the text still pending in the log first (turn_fold.lua), then the END
+    if tonumber(meta[11] or '0') > 0 then
+      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], meta[12] or '0-0')
+      redis.call('HSET', KEYS[1], 'tpend', '0')
+    end
+    turn_guarded(turn_end, KEYS[3], KEYS[4], status, now, ARGV[6])
+  end
   local remove_at = tonumber(meta[8] or '0')
   if remove_at > now and remove_at - now < tonumber(ARGV[5]) then
     redis.call('PEXPIRE', KEYS[2], remove_at - now)

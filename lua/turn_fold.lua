@@ -1,6 +1,7 @@
 -- turn_fold.lua: the turn record of a run, written by the script that writes the run
--- (claim.lua, publish.lua, publish_end.lua include this file), so a record never lags
--- its log and a write that appends nothing changes nothing. The rules are
+-- (claim.lua, publish.lua, publish_end.lua include this file; text events later, from
+-- the log, and before any read: see turn_fold_pending), so a record never lags what a
+-- reader of its log can read and a write that appends nothing changes nothing. The rules are
 -- gateway/sessions/turns.py's (`new_turn`, `fold_encoded`, `end_turn`): that module is
 -- the spec, and tests/test_sessions_contract.py holds this file to it on the same event
 -- sequences. Change both together.
@@ -198,19 +199,19 @@ local function turn_apply(tk, xk, name, p, state, rec)
   return false, state
 end
 
--- Fold the events ARGV[first], ARGV[first + 1], ... (name, payload pairs) into the
--- record, if the run has one that has not ended. `ttl`: the run's rolling TTL; the
--- record's is renewed with the run's (`refresh`) and whenever its state moves in or out
--- of parked.
-local function turn_fold(tk, xk, first, now, ttl, refresh)
+-- Fold `events` ({name, payload, at ms} each, in log order) into the record, if the run
+-- has one that has not ended. `ttl`: the run's rolling TTL; the record's is renewed with
+-- the run's (`refresh`) and whenever its state moves in or out of parked. `updated`
+-- moves to the newest `at` of an event that changed the record (never backwards).
+local function turn_fold_events(tk, xk, events, ttl, refresh)
   local state = nil
   local retime = refresh
-  local changed = false
+  local newest = nil
   local rec = nil
-  for i = first, #ARGV, 2 do
-    if TURN_EVENTS[ARGV[i]] then
+  for _, ev in ipairs(events) do
+    if TURN_EVENTS[ev[1]] then
       if state == nil then
-        -- what a text event needs, in one read (a token costs this, APPEND and one HSET)
+        -- what a text event needs, in one read
         local got = redis.call('HMGET', tk, TURN_FIELD.state, TURN_FIELD.chars,
           TURN_FIELD.updated)
         state = got[1]
@@ -219,18 +220,43 @@ local function turn_fold(tk, xk, first, now, ttl, refresh)
       end
       local before = state
       local moved
-      moved, state = turn_apply(tk, xk, ARGV[i], ARGV[i + 1], state, rec)
-      changed = moved or changed
+      moved, state = turn_apply(tk, xk, ev[1], ev[2], state, rec)
+      if moved and (not newest or ev[3] > newest) then newest = ev[3] end
       if TURN_PARKED[before] ~= TURN_PARKED[state] then retime = true end
     end
   end
-  if changed then
+  if newest then
     redis.call('HSET', tk, TURN_FIELD.chars, string.format('%d', rec.chars),
-      TURN_FIELD.updated, string.format('%d', math.max(rec.updated, now)))
+      TURN_FIELD.updated, string.format('%d', math.max(rec.updated, newest)))
   end
   if not retime then return end
   if state == nil then state = redis.call('HGET', tk, TURN_FIELD.state) end
   if state and not TURN_ENDED[state] then turn_set_ttl(tk, xk, state, ttl) end
+end
+
+-- The text events' fold is deferred (a token then costs the record no command): the
+-- run record keeps `tpend`, how many log entries follow `tfold` (the newest entry whose
+-- text is in the record) while any is pending, and the pending text is folded from the
+-- log, at most TURN_FOLD_EVERY entries behind: by the append that reaches that many, by
+-- one that moves the state, trims the log or writes under a scheduled removal, at END,
+-- before a removal, and by every read of the record (turn_read.lua), so no reader sees
+-- it lag the log. Text events change only text, chars, trunc and updated, which no other
+-- event reads, so folding them later gives the record they would have given at once.
+local TURN_DEFERRED = {['token'] = true, ['text-delta'] = true, ['text-set'] = true,
+  ['ui'] = true}
+local TURN_FOLD_EVERY = 64
+
+-- Fold the pending text of the log `lk` (entries after `after`) into the record.
+local function turn_fold_pending(tk, xk, lk, after)
+  local entries = redis.call('XRANGE', lk, '(' .. after, '+')
+  local events = {}
+  for _, entry in ipairs(entries) do
+    local f = entry[2]
+    if f[1] == 'e' and TURN_DEFERRED[f[2]] then
+      events[#events + 1] = {f[2], f[4], tonumber(string.match(entry[1], '^(%d+)'))}
+    end
+  end
+  if #events > 0 then turn_fold_events(tk, xk, events, 0, false) end
 end
 
 -- The run's END (publish_end.lua's settle): the record takes the END status.

@@ -1,6 +1,16 @@
--- turn_read.lua: one turn record, atomically (its hash and its text; turn_fold.lua).
+-- turn_read.lua: one turn record, atomically (its hash and its text; turn_fold.lua),
+-- with the text its run's log still holds for it folded in first, so a record never
+-- lags what a reader of the log can read (the fold is written: a retry or the next read
+-- finds nothing pending).
 -- KEYS[1]  the run's turn record (hash)   KEYS[2]  its text (string)
+-- KEYS[3]  the run meta hash              KEYS[4]  the run log stream
 -- Returns {} when there is none, else {text, field, value, field, value, ...}
+--! include turn_fold
+local pend = redis.call('HMGET', KEYS[3], 'tpend', 'tfold')
+if tonumber(pend[1] or '0') > 0 then
+  turn_guarded(turn_fold_pending, KEYS[1], KEYS[2], KEYS[4], pend[2] or '0-0')
+  redis.call('HSET', KEYS[3], 'tpend', '0')
+end
 local fields = redis.call('HGETALL', KEYS[1])
 if #fields == 0 then return {} end
 local out = {redis.call('GET', KEYS[2]) or ''}

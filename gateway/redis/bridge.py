@@ -467,10 +467,11 @@ class RedisStreamBridge:
         if delay > 0:
             # The log expires then, and the record says when, so that later writes keep
             # that expiry instead of refreshing the TTL (see publish.lua).
-            await self._script("cleanup_later", keys.both, ceil_ms(delay), resend=True)
+            await self._script("cleanup_later", keys.writes, ceil_ms(delay), resend=True)
         else:
             self._reads.forget(keys)
-            await self._calls.call(lambda: self._redis.delete(keys.log))
+            # (a script: the text its turn record has not folded yet is folded first)
+            await self._script("cleanup_later", keys.writes, 0, resend=True)
             # Wake local feeds of every gateway so readers learn of the removal now.
             await self._calls.call(lambda: self._redis.spublish(keys.log, b""))
             await self._calls.replicated()

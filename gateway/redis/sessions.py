@@ -7,7 +7,8 @@ by `RedisStreamBridge`); this store reads them and keeps the indexes:
 
 - `session_claim` (run by the bridge's claim): tombstone check, the session's next order.
 - `session_read`: one session's row and its newest run ids by order.
-- `turn_read`: one turn record (hash + text), atomically, in its run's slot.
+- `turn_read`: one turn record (hash + text), atomically, in its run's slot, with
+  the text its log holds that the record has not folded yet folded in first.
 - `session_delete`: retire (tombstone first), clear (refused while a turn runs; a
   compare on the session counter makes the check and the delete one decision), prune
   entries whose record is gone, persist the keys of a session with a parked turn.
@@ -177,7 +178,7 @@ class RedisSessionStore:
         calls: list[tuple[list[str], list[Any]]] = []
         for run_id in run_ids:
             keys = run_keys(self._prefix, check_run_id(run_id))
-            calls.append(([keys.turn, keys.text], []))
+            calls.append(([keys.turn, keys.text, keys.meta, keys.log], []))
         replies = await self._many("turn_read", calls)
         return [_record(r, reply) for r, reply in zip(run_ids, replies, strict=True)]
 

@@ -43,7 +43,8 @@ best-effort view and must never fail a producer's write.
 
 This module is the one definition of how a record evolves. The backends apply it inside
 their write step (the memory bridge in the same synchronous step as the append, END or
-claim; Redis in the same Lua script, `lua/turn_fold.lua`, which a contract test holds to
+claim; Redis in the same Lua script, `lua/turn_fold.lua`, text events from the log
+before any read of the record, which a contract test holds to
 `fold_encoded` on the same event sequences). So the rules are stated over the encoded
 payload bytes the log stores: an item's size is its payload's length, an object is a
 payload starting with `{`, text lengths are Unicode code points.

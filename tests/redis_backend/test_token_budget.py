@@ -1,6 +1,7 @@
 """What a lone token costs Redis, in commands (`INFO commandstats` on a server of its own:
 EVALSHA and every command its script runs): the fence (TIME, HMGET), the XADD, the
-record's one HSET and the notification; a turn record adds HMGET, APPEND and HSET. The
+record's one HSET and the notification; a turn record's text waits in the log until a
+fold is due, so it adds none (and every read of the record still has it). The
 END check reads the run's record, not the log's tail, unless the legacy END scan is on;
 and a run whose record says it ended, or whose log was removed, is still answered right
 by that check."""
@@ -19,6 +20,7 @@ from redis.asyncio import Redis
 from gateway.bridge.base import StreamBridge
 from gateway.bridge.provider import open_bridge
 from gateway.errors import StreamEnded
+from gateway.sessions.provider import session_store_for
 from gateway.settings import Settings
 from gateway.values import End, StreamEvent
 from tests.support.redis_servers import RedisServer
@@ -89,18 +91,49 @@ async def test_a_lone_token_costs_six_commands(fresh_redis: RedisServer) -> None
             }, numbered
 
 
-async def test_a_turn_record_adds_three(fresh_redis: RedisServer) -> None:
+async def test_a_turn_record_costs_a_token_no_command(fresh_redis: RedisServer) -> None:
+    # its text waits in the log until a fold is due (turn_fold.lua: every 64 entries)
     with anyio.fail_after(50):
         counts = await commands_per_token(fresh_redis.url, session=True, numbered=True)
     assert counts == {
         "evalsha": 1,
         "time": 1,
-        "hmget": 2,
+        "hmget": 1,
         "xadd": 1,
-        "hset": 2,
-        "append": 1,
+        "hset": 1,
         "spublish": 1,
     }
+
+
+async def test_the_deferred_text_is_in_every_read(fresh_redis: RedisServer) -> None:
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=f"b-{uuid4().hex[:8]}:")
+    with anyio.fail_after(50):
+        async with open_bridge(settings) as bridge:
+            store = session_store_for(bridge, settings)
+            run_id = f"r-{uuid4().hex[:8]}"
+            token = (await bridge.claim(run_id, session_id="s-2")).token
+            text = ""
+
+            async def token_of(n: int) -> None:
+                nonlocal text
+                piece = f"{n} "
+                await bridge.publish(run_id, "token", {"text": piece}, producer_token=token)
+                text += piece
+
+            for n in range(100):  # one fold at 64 pending entries, 36 left pending
+                await token_of(n)
+            (turn,) = await store.list_turns("s-2")
+            assert turn["text"] == text
+            for n in range(100, 120):  # a read after every token folds it
+                await token_of(n)
+                await bridge.publish(run_id, "tok", n, producer_token=token)  # no text
+                (turn,) = await store.list_turns("s-2")
+                assert turn["text"] == text
+            for n in range(120, 130):  # pending when the log is removed
+                await token_of(n)
+            await bridge.cleanup(run_id)  # the log removed: its text stays in the record
+            (turn,) = await store.list_turns("s-2")
+            assert turn["text"] == text
 
 
 async def test_the_legacy_scan_keeps_the_tail_read(fresh_redis: RedisServer) -> None:
