@@ -320,7 +320,9 @@ async def _worker(
             index += 1
             if index == count:
                 index, round_start = 0, round_start + interval
-        await asyncio.sleep(max(0.0, due - time.time()))
+        # At least a millisecond: the loop's timers have that resolution, and a shorter
+        # sleep returns at once, which would spin this loop between due times.
+        await asyncio.sleep(max(0.001, due - time.time()))
     report.cpu = time.process_time() - cpu0 if in_window else 0.0
     if kind == "stream":
         for i, transport in enumerate(transports):
