@@ -439,6 +439,8 @@ def fmt_ms(value: float, grace_ms: float) -> str:
 
 
 def print_knee_row(row: dict[str, Any]) -> None:
+    # (Nothing delivered: a CPU cost per delivered token has no meaning.)
+    per_delivered = f"{row['server_us_per_delivered']:.0f}" if row["delivered"] else "n/a"
     notes = []
     if not row["load_ok"]:
         notes.append("LOAD: the load ran late or short, not the server's figure")
@@ -453,7 +455,7 @@ def print_knee_row(row: dict[str, Any]) -> None:
         notes.append("CPU 0 shared with other processes")
     print(
         f"{row['runs']:>5} {row['server']:<17}{row['server_us_per_token']:>8.0f}"
-        f"{row['server_us_per_delivered']:>8.0f}{row['redis_us_per_token']:>9.1f}"
+        f"{per_delivered:>8}{row['redis_us_per_token']:>9.1f}"
         f"{row['redis_commands_per_token']:>6.2f}{fmt_ms(row['p50_ms'], row['grace_ms']):>8}"
         f"{fmt_ms(row['p99_ms'], row['grace_ms']):>8}{100 * row['delivered_share']:>7.1f}"
         f"{row['load_late_p99_ms']:>9.1f}{100 * row['load_written_share']:>8.1f}"
