@@ -2,7 +2,7 @@
 
 A call takes a pass at the pool (`pool.PoolGate`), runs under the command deadline, is
 re-sent a few times when that cannot duplicate it, and leaves with redis-py's errors
-mapped to the gateway's in one place (`map_errors`, after httpx's
+mapped to the gateway's in one place (`map_error`, after httpx's
 `map_httpcore_exceptions`): a message that says what failed and never names the server,
 whose address stays in the log. With `min_replicas_acked`, a write's reply comes only
 once `WAIT` confirms that many replicas hold it.
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from redis import exceptions as redis_errors
@@ -59,27 +58,27 @@ def unavailable(what: str, exc: BaseException) -> BackendUnavailable:
     return BackendUnavailable(f"{what} ({type(exc).__name__})")
 
 
-@contextmanager
-def map_errors(closed: Callable[[], bool], timeout: float) -> Iterator[None]:
-    """redis-py's errors, and the call's deadline passing, as the gateway's: a closed
-    bridge is BridgeClosed (its connections were shut under the call), anything else
-    BackendUnavailable."""
-    try:
-        yield
-    except GatewayError:
-        raise
-    except TimeoutError as exc:
-        if closed():
-            raise BridgeClosed("the bridge is closed") from exc
-        raise BackendUnavailable(f"Redis did not answer within {timeout:g} s") from exc
-    except _REFUSED_ERRORS as exc:
-        raise unavailable("Redis refused the command", exc) from exc
-    except BACKEND_ERRORS as exc:
-        raise unavailable("Redis is unavailable", exc) from exc
-    except redis_errors.RedisError as exc:
-        if closed():
-            raise BridgeClosed("the bridge is closed") from exc
-        raise unavailable("Redis error", exc) from exc
+def map_error(exc: Exception, closed: bool, timeout: float) -> Exception:
+    """The gateway's error for one of redis-py's, or for the call's deadline passing: a
+    closed bridge is BridgeClosed (its connections were shut under the call), anything
+    else BackendUnavailable; the gateway's own errors and anything else as they are.
+    (A function the one `except` of `Calls._attempts` calls, not a context manager
+    entered per call: that cost a few microseconds on every write.)"""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        if closed:
+            return BridgeClosed("the bridge is closed")
+        return BackendUnavailable(f"Redis did not answer within {timeout:g} s")
+    if isinstance(exc, _REFUSED_ERRORS):
+        return unavailable("Redis refused the command", exc)
+    if isinstance(exc, BACKEND_ERRORS):
+        return unavailable("Redis is unavailable", exc)
+    if isinstance(exc, redis_errors.RedisError):
+        if closed:
+            return BridgeClosed("the bridge is closed")
+        return unavailable("Redis error", exc)
+    return exc
 
 
 class Calls:
@@ -232,17 +231,23 @@ class Calls:
         refusal (the operation did not run), never after a connection failure. The
         whole call, retries included, is bounded by `redis_command_timeout_seconds`."""
         attempt = 0
-        with map_errors(lambda: self.closed, self._timeout), self._deadlines.start():
-            while True:
-                if self.closed:
-                    raise BridgeClosed("the bridge is closed")
-                try:
-                    return await operation()
-                except _REFUSED_ERRORS:
-                    if attempt >= RETRIES:
-                        raise
-                except BACKEND_ERRORS:
-                    if not resend or attempt >= RETRIES:
-                        raise
-                await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
-                attempt += 1
+        try:
+            with self._deadlines.start():
+                while True:
+                    if self.closed:
+                        raise BridgeClosed("the bridge is closed")
+                    try:
+                        return await operation()
+                    except _REFUSED_ERRORS:
+                        if attempt >= RETRIES:
+                            raise
+                    except BACKEND_ERRORS:
+                        if not resend or attempt >= RETRIES:
+                            raise
+                    await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
+                    attempt += 1
+        except Exception as exc:
+            mapped = map_error(exc, self.closed, self._timeout)
+            if mapped is exc:
+                raise
+            raise mapped from exc
