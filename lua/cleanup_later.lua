@@ -19,7 +19,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 local pend = redis.call('HMGET', KEYS[1], 'tpend', 'tfold')
 if KEYS[3] and tonumber(pend[1] or '0') > 0 then
-  turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], pend[2] or '0-0')
+  turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], pend[2] or '0-0',
+    tonumber(pend[1]))
   redis.call('HSET', KEYS[1], 'tpend', '0')
 end
 if tonumber(ARGV[1]) <= 0 then

@@ -344,7 +344,7 @@ if meta[6] and meta[6] ~= '' and KEYS[3] then
   if pend > 0 or deferred then
     pend = pend + count
     if pend >= TURN_FOLD_EVERY or moves or trimming or remove_at > 0 then
-      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], after)
+      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], after, pend)
       pend = 0
     end
   end

@@ -52,7 +52,8 @@ local function settle(end_id, status, by)
   if KEYS[3] then
     -- the text still pending in the log first (turn_fold.lua), then the END
     if tonumber(meta[11] or '0') > 0 then
-      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], meta[12] or '0-0')
+      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], meta[12] or '0-0',
+        tonumber(meta[11]))
       redis.call('HSET', KEYS[1], 'tpend', '0')
     end
     turn_guarded(turn_end, KEYS[3], KEYS[4], status, now, ARGV[6])

@@ -246,9 +246,13 @@ local TURN_DEFERRED = {['token'] = true, ['text-delta'] = true, ['text-set'] = t
   ['ui'] = true}
 local TURN_FOLD_EVERY = 64
 
--- Fold the pending text of the log `lk` (entries after `after`) into the record.
-local function turn_fold_pending(tk, xk, lk, after)
+-- Fold the pending text of the log `lk` (entries after `after`, `pend` of them) into the
+-- record. Fewer in the log than pending: it was removed (DEL) or evicted outside the
+-- scripts, which fold before every removal and trim they make, and took text the record
+-- had not folded: the record says so (`trunc`), as when a cap drops text.
+local function turn_fold_pending(tk, xk, lk, after, pend)
   local entries = redis.call('XRANGE', lk, '(' .. after, '+')
+  if #entries < pend then redis.call('HSET', tk, TURN_FIELD.trunc, '1') end
   local events = {}
   for _, entry in ipairs(entries) do
     local f = entry[2]

@@ -8,7 +8,8 @@
 --! include turn_fold
 local pend = redis.call('HMGET', KEYS[3], 'tpend', 'tfold')
 if tonumber(pend[1] or '0') > 0 then
-  turn_guarded(turn_fold_pending, KEYS[1], KEYS[2], KEYS[4], pend[2] or '0-0')
+  turn_guarded(turn_fold_pending, KEYS[1], KEYS[2], KEYS[4], pend[2] or '0-0',
+    tonumber(pend[1]))
   redis.call('HSET', KEYS[3], 'tpend', '0')
 end
 local fields = redis.call('HGETALL', KEYS[1])

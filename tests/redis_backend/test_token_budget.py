@@ -136,6 +136,31 @@ async def test_the_deferred_text_is_in_every_read(fresh_redis: RedisServer) -> N
             assert turn["text"] == text
 
 
+async def test_text_a_log_loses_before_its_fold_marks_the_record_truncated(
+    fresh_redis: RedisServer,
+) -> None:
+    """A log removed outside the scripts (a `DEL` by hand, eviction) takes the text still
+    pending in it: the record's next read says it is truncated rather than pass off
+    the folded text as the whole answer. Without the count check it would not."""
+    prefix = f"b-{uuid4().hex[:8]}:"
+    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=prefix)
+    with anyio.fail_after(50):
+        async with open_bridge(settings) as bridge:
+            store = session_store_for(bridge, settings)
+            run_id = f"r-{uuid4().hex[:8]}"
+            token = (await bridge.claim(run_id, session_id="s-4")).token
+            await bridge.publish(run_id, "token", {"text": "kept "}, producer_token=token)
+            (turn,) = await store.list_turns("s-4")  # folded by this read
+            assert turn["text"] == "kept " and not turn["truncated"]
+            for n in range(5):  # pending: no fold is due yet
+                await bridge.publish(run_id, "token", {"text": f"{n} "}, producer_token=token)
+            with fresh_redis.client() as raw:
+                assert raw.delete(f"{prefix}{{{run_id}}}:log") == 1
+            (turn,) = await store.list_turns("s-4")
+            assert turn["text"] == "kept "
+            assert turn["truncated"] is True
+
+
 async def test_the_legacy_scan_keeps_the_tail_read(fresh_redis: RedisServer) -> None:
     with anyio.fail_after(50):
         counts = await commands_per_token(
