@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from gateway.bridge.memory import MemoryStreamBridge
 from gateway.bridge.provider import open_bridge
 from gateway.errors import BackendUnavailable
+from gateway.redis.bridge import RedisStreamBridge
 from gateway.redis.session_keys import session_keys
 from gateway.sessions import turns as T
 from gateway.sessions.base import SessionStore
@@ -147,6 +148,10 @@ async def test_a_retry_after_a_lost_reply_leaves_the_record_exact(
                     return None
 
                 claim = await bridge.claim(r, session_id=s, input_message=MESSAGE)
+                if isinstance(bridge, RedisStreamBridge):
+                    # Loaded first: a reply lost to a NOSCRIPT refusal is of a write
+                    # that never ran (alone on a fresh server, it was the first one).
+                    await bridge.ensure_scripts()
                 batch = [("token", {"text": "a"}), ("state", "input-required")]
                 await lossy(
                     lambda: bridge.publish_many(r, batch, producer_token=claim.token, seq=1)
