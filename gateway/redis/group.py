@@ -90,9 +90,22 @@ def on_one_server(gate: PoolGate) -> Send:
 
     async def send(batch: list[_Script]) -> list[Any]:
         async with gate.connection() as held:
+            if len(batch) == 1:  # the lone write's path: as plain as before grouping
+                return [await _one(held, batch[0])]
             return await _on_connection(held, batch)
 
     return send
+
+
+async def _one(held: Held, call: _Script) -> Any:
+    packed = pack(*call.command(await held.server() if call.server_at is not None else ""))
+    try:
+        return await held.execute(packed)
+    except redis_errors.NoScriptError:  # not run: Redis was flushed or restarted
+        await held.execute(pack("SCRIPT", "LOAD", call.script.script))
+        return await held.execute(packed)
+    except redis_errors.ResponseError as exc:
+        return exc  # (the caller's own refusal, raised to it alone)
 
 
 async def _on_connection(held: Held, batch: list[_Script]) -> list[Any]:
