@@ -499,9 +499,11 @@ class RedisStreamBridge:
             info = await self.get_run(run_id)
             return info, functools.partial(self.subscribe_batches, run_id, last_event_id)
         after = "-" if start.key is None else format_key(start.key)
+        feed = self._notifier.feed_of(keys)
+        newest = None if feed is None else feed.newest  # (before the read: `check_tail`)
         info, read = await self._reads.open_shared(keys, run_id, after)
         interval = rules.heartbeat_interval(self._settings.heartbeat_interval_seconds, None)
-        first = FirstRead(after, read)
+        first = FirstRead(after, read, newest)
         return info, functools.partial(self._follow, keys, start, interval, first)
 
     def subscribe(

@@ -146,6 +146,21 @@ class RunFeed:
         self._reads.clear()  # later readers read afresh
         self.wake()
 
+    @property
+    def newest(self) -> EventKey | None:
+        """The newest id the window holds (None: not started): a read that began after
+        it and finds the log's newest id below it saw a log that went backwards."""
+        return self._head_key if self.started else None
+
+    def check_tail(self, tail: EventKey, newest: EventKey | None) -> None:
+        """A reader's read, begun when the window's newest id was `newest`, found the
+        log's newest id at `tail`: below it, the log lost entries the window still holds
+        (a failover to a replica that missed them, a restart that lost them), which
+        must not be served after a position the log does hold. The window is refreshed
+        before anyone uses it again, which restarts it at the log's tail (`take`)."""
+        if newest is not None and tail < newest:
+            self.mark_stale()
+
     def push(self, message: bytes) -> None:
         """A change notification: take the entries it carries when they follow our copy
         of the log exactly; otherwise (or if it carries none) read Redis."""

@@ -177,6 +177,10 @@ class Notifier:
                     with anyio.CancelScope(shield=True):
                         await self._remove(keys.log)
 
+    def feed_of(self, keys: RunKeys) -> RunFeed | None:
+        """The run's feed in this process, if any of its readers holds it."""
+        return self._feeds.get(keys.log)
+
     async def follow(self, feed: RunFeed) -> None:
         """Subscribe the feed's channel unless it is, marking the feed stale once
         subscribed: what its readers read meanwhile (joining while this subscribes, or

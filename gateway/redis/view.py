@@ -31,11 +31,12 @@ class FirstRead:
     response is open: taken, the read is held by nobody, rather than its events (decoded
     for this reader alone) for the stream's lifetime."""
 
-    __slots__ = ("_read", "after")
+    __slots__ = ("_read", "after", "newest")
 
-    def __init__(self, after: str, read: LogRead) -> None:
+    def __init__(self, after: str, read: LogRead, newest: EventKey | None) -> None:
         self.after = after
         self._read: LogRead | None = read
+        self.newest = newest  # the run's window's newest id before the read (`check_tail`)
 
     def take(self, position: str) -> LogRead | None:
         """The read, if it was made from `position` (and not taken before)."""
@@ -98,19 +99,28 @@ class RunView:
     async def read(self, after: EventKey | None, *, seen: bool) -> LogRead:
         position = "-" if after is None else format_key(after)
         feed = self.feed
-        first = None if self._prefetched is None else self._prefetched.take(position)
+        prefetched = self._prefetched
+        first = None if prefetched is None else prefetched.take(position)
         if first is not None:
-            read = first
+            assert prefetched is not None
+            read, newest = first, prefetched.newest
         else:
-            read = await feed.read_shared(
-                position, functools.partial(self._reads.read, self._keys, position)
+            read, newest = await feed.read_shared(
+                position, functools.partial(self._read_noting, feed, position)
             )
         if not read.exists and seen:
             # A removal is decided on a read of our own: a shared one may have begun
             # before our first look found the log (its notification not yet heard).
-            read = await self._reads.read(self._keys, position)
-        feed.start_at(read.tail.id if read.tail is not None and read.tail.id else "0-0")
+            read, newest = await self._read_noting(feed, position)
+        tail = read.tail.id if read.tail is not None and read.tail.id else "0-0"
+        feed.check_tail(parse_cursor(tail), newest)
+        feed.start_at(tail)
         return read
+
+    async def _read_noting(self, feed: RunFeed, position: str) -> tuple[LogRead, EventKey | None]:
+        """A read, with the window's newest id as it began (`RunFeed.check_tail`)."""
+        newest = feed.newest
+        return await self._reads.read(self._keys, position), newest
 
     def window(self, after: EventKey) -> Sequence[StreamItem] | None:
         feed = self.feed

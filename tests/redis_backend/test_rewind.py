@@ -26,6 +26,7 @@ import pytest
 from gateway.bridge.provider import open_bridge
 from gateway.cursor import EPOCH_SPAN, parse_cursor
 from gateway.errors import BackendUnavailable
+from gateway.redis.keys import run_keys
 from gateway.settings import Settings
 from gateway.values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
 from tests.support.redis_servers import RedisServer
@@ -139,3 +140,80 @@ async def _events(it: AsyncIterator[StreamItem], count: int) -> AsyncIterator[St
             taken += 1
             if taken == count:
                 return
+
+
+async def _until_heartbeat(it: AsyncIterator[StreamItem]) -> list[StreamItem]:
+    """Items up to the first heartbeat (a reader with nothing to deliver) or the end."""
+    out: list[StreamItem] = []
+    async for item in it:
+        out.append(item)
+        if isinstance(item, Heartbeat | End | StreamGap):
+            break
+    return out
+
+
+async def _one_by_one(bridge: Any, run_id: str, cursor: str) -> AsyncIterator[StreamItem]:
+    """`open_stream`'s reader (its first read prefetched), item by item."""
+    _, follow = await bridge.open_stream(run_id, cursor)
+    async for batch in follow():
+        for item in batch:
+            yield item
+
+
+@pytest.mark.parametrize("opened", ["subscribe", "open_stream"])
+async def test_a_window_the_log_lost_is_not_served_after_a_kept_position(
+    opened: str, key_prefix: str
+) -> None:
+    """The log goes back under a live feed whose listener heard nothing (a failover the
+    pub/sub connection has not noticed yet): a reader resuming at a kept id must not be
+    handed the lost entries from the window. The log is put back with DUMP/RESTORE,
+    which publishes nothing, as a promoted replica announces nothing."""
+    server = RedisServer("--appendonly", "no", "--save", "")
+    server.start()
+    raw = server.client()
+    keys = run_keys(key_prefix, "ra")
+    settings = Settings(
+        redis_url=server.url,
+        redis_key_prefix=key_prefix,
+        lease_seconds=120,
+        heartbeat_interval_seconds=0.3,  # (`open_stream`'s readers')
+    )
+    try:
+        async with open_bridge(settings) as bridge:
+            claim = await bridge.claim("ra")
+            kept = list(
+                (
+                    await bridge.publish_many(
+                        "ra", [("t", i) for i in range(3)], producer_token=claim.token
+                    )
+                ).ids
+            )
+            snapshot = {key: raw.dump(key) for key in (keys.log, keys.meta)}
+            live = bridge.subscribe("ra", None, heartbeat_interval=5)
+            with anyio.fail_after(10):
+                assert [e.id async for e in _events(live, 3)] == kept
+                # Published while the live reader follows: the feed's window takes them.
+                lost = [
+                    (await bridge.publish("ra", "t", i, producer_token=claim.token)).ids[0]
+                    for i in (3, 4)
+                ]
+                assert [e.id async for e in _events(live, 2)] == lost
+            for key, value in snapshot.items():
+                raw.restore(key, 0, value, replace=True)
+
+            if opened == "subscribe":
+                resumed = bridge.subscribe("ra", kept[-1], heartbeat_interval=0.3)
+            else:
+                resumed = _one_by_one(bridge, "ra", kept[-1])
+            with anyio.fail_after(10):
+                got = await _until_heartbeat(resumed)
+            assert [type(item) for item in got] == [Heartbeat], got
+            # The live reader, at a lost id, learns it within its heartbeat interval.
+            with anyio.fail_after(10):
+                rest = await items_until_terminal(live)
+            assert [(type(i), getattr(i, "reason", None)) for i in rest] == [
+                (StreamGap, "unknown_position")
+            ]
+    finally:
+        raw.close()
+        server.close()
