@@ -14,7 +14,8 @@ A turn record is a JSON object, the same on both backends:
   it (untransformed; null until one is sent). `artifacts`: the artifact objects as sent.
   `history`: opens with the shaped operator message (see `shaping.py`) when there is one,
   then the messages the producer appended.
-- `truncated`: true once any cap below dropped something.
+- `truncated`: true once any cap below dropped something (on Redis also once a log
+  removed outside the gateway took text not yet folded in: docs/bridge.md).
 - Times are unix seconds (float) as passed by the caller.
 
 Event names producers use (every other name is ignored here; it still goes to the run
