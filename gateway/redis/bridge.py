@@ -470,6 +470,9 @@ class RedisStreamBridge:
             await self._script("cleanup_later", keys.writes, ceil_ms(delay), resend=True)
         else:
             self._reads.forget(keys)
+            feed = self._notifier.feed_of(keys)
+            if feed is not None:  # (an ended run's feed hears no notification)
+                feed.forget_reads()
             # (a script: the text its turn record has not folded yet is folded first)
             await self._script("cleanup_later", keys.writes, 0, resend=True)
             # Wake local feeds of every gateway so readers learn of the removal now.

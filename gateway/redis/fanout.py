@@ -161,6 +161,11 @@ class RunFeed:
         if newest is not None and tail < newest:
             self.mark_stale()
 
+    def forget_reads(self) -> None:
+        """The log is gone (a read found it missing, or this process removed it): shared
+        results read before that would replay it."""
+        self._reads.clear()
+
     def push(self, message: bytes) -> None:
         """A change notification: take the entries it carries when they follow our copy
         of the log exactly; otherwise (or if it carries none) read Redis."""
@@ -195,10 +200,10 @@ class RunFeed:
         change: its first reader is between its read and its subscription, which then
         clears these results, or its readers all found the log ending with its END. The
         latter's results stand for `SHARED_READ_SECONDS`, during which an ended log can
-        change only by vanishing,
-        which a reader finds on its own next read, or by being removed and written anew,
-        whose old END such a reader may still be handed, as if it had read a moment
-        earlier.) If the read fails or its reader is
+        change only by vanishing or by being removed and written anew: the first read of
+        this process that finds it missing, or a removal through this process, drops
+        them (`forget_reads`); until then such a reader may still be handed the old log,
+        as if it had read a moment earlier.) If the read fails or its reader is
         cancelled, those who joined it read for themselves.
         """
         now = time.monotonic()
@@ -247,6 +252,7 @@ class RunFeed:
         if not read.exists:
             self.removed = self._seen
             self.missing = True
+            self._reads.clear()
             return False
         self._seen = True
         # A log written again after a removal: readers that had not yet seen the removal

@@ -48,9 +48,10 @@ class Reads:
         return self._read_script
 
     def forget(self, keys: RunKeys) -> None:
-        """A removed log: reads shared by `open_shared` no longer stand for it (other
-        processes keep theirs for at most `SHARED_READ_SECONDS`: as if read a moment
-        earlier)."""
+        """A removed log (removed through this process, or a read of this process found
+        it missing): reads shared by `open_shared` no longer stand for it (other
+        processes keep theirs until one of their reads finds it missing, for at most
+        `SHARED_READ_SECONDS`: as if read a moment earlier)."""
         for key in [key for key in self._opening if key[0] == keys.log]:
             del self._opening[key]
 
@@ -112,6 +113,8 @@ class Reads:
         finally:
             shareable = result if result is not None and result[1].exists else None
             future.set_result(shareable)
+            if result is not None and not result[1].exists:
+                self.forget(keys)  # other positions' reads from before a removal
             ended = shareable is not None and shareable[1].tail_end() is not None
             if not ended:
                 self._forget_open(key, future)
@@ -175,6 +178,8 @@ class Reads:
         async with feed.refreshing() as mine:
             while mine and feed.take(await self.read(feed.keys, feed.head), READ_BATCH):
                 pass
+        if feed.missing:
+            self.forget(feed.keys)  # (the feed dropped its own shared reads: `take`)
 
     async def event_bounds(self, keys: RunKeys) -> tuple[str | None, str | None]:
         """The first and last retained event ids (the END entry is not an event)."""

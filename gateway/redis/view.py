@@ -112,6 +112,10 @@ class RunView:
             # A removal is decided on a read of our own: a shared one may have begun
             # before our first look found the log (its notification not yet heard).
             read, newest = await self._read_noting(feed, position)
+        if not read.exists:
+            # This process's reads shared from before the removal would replay the log.
+            feed.forget_reads()
+            self._reads.forget(self._keys)
         tail = read.tail.id if read.tail is not None and read.tail.id else "0-0"
         feed.check_tail(parse_cursor(tail), newest)
         feed.start_at(tail)
