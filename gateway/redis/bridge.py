@@ -31,7 +31,7 @@ from redis.commands.core import AsyncScript
 from ..bridge import rules, turn_keys
 from ..bridge.base import one_by_one
 from ..bridge.reader import follow_log
-from ..cursor import format_key
+from ..cursor import EventKey, format_key
 from ..errors import (
     InvalidInput,
     ProducerFenced,
@@ -502,12 +502,17 @@ class RedisStreamBridge:
             info = await self.get_run(run_id)
             return info, functools.partial(self.subscribe_batches, run_id, last_event_id)
         after = "-" if start.key is None else format_key(start.key)
-        feed = self._notifier.feed_of(keys)
-        newest = None if feed is None else feed.newest  # (before the read: `check_tail`)
-        info, read = await self._reads.open_shared(keys, run_id, after)
+        info, read, newest = await self._reads.open_shared(
+            keys, run_id, after, functools.partial(self._window_newest, keys)
+        )
         interval = rules.heartbeat_interval(self._settings.heartbeat_interval_seconds, None)
         first = FirstRead(after, read, newest)
         return info, functools.partial(self._follow, keys, start, interval, first)
+
+    def _window_newest(self, keys: RunKeys) -> EventKey | None:
+        """The newest id of the run's window in this process (`RunFeed.check_tail`)."""
+        feed = self._notifier.feed_of(keys)
+        return None if feed is None else feed.newest
 
     def subscribe(
         self,

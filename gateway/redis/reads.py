@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -19,6 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from ..bridge.rules import READ_BATCH, Entry, LogRead
+from ..cursor import EventKey
 from ..values import End, RunInfo
 from .calls import Calls, unavailable
 from .codec import entry_item, flatten, is_end, parse_log_read, parse_read, stream_info
@@ -40,7 +41,8 @@ class Reads:
         self._read_script = read_script  # a cluster's reads (`read.lua`)
         # `open_shared`'s reads by (log key, position), with the time each began.
         self._opening: dict[
-            tuple[str, str], tuple[asyncio.Future[tuple[RunInfo | None, LogRead] | None], float]
+            tuple[str, str],
+            tuple[asyncio.Future[tuple[RunInfo | None, LogRead, EventKey | None] | None], float],
         ] = {}
 
     @property
@@ -82,8 +84,12 @@ class Reads:
         )
 
     async def open_shared(
-        self, keys: RunKeys, run_id: str, after: str
-    ) -> tuple[RunInfo | None, LogRead]:
+        self,
+        keys: RunKeys,
+        run_id: str,
+        after: str,
+        note: Callable[[], EventKey | None] = lambda: None,
+    ) -> tuple[RunInfo | None, LogRead, EventKey | None]:
         """`_open_read`, shared by the readers that open the same run at the same position
         at once (a crowd reconnecting after a deploy: one transaction and one decoding
         for all, as `RunFeed.read_shared` shares a feed's reads): a read in flight is
@@ -92,7 +98,9 @@ class Reads:
         whose old END such a reader may still be handed, as if it had read a moment
         earlier). A read of a live log is shared while in flight only (its readers go on
         after it and subscribe, so nothing written since is missed), and one that found
-        no log is not shared (a run claimed a moment later must not look unknown)."""
+        no log is not shared (a run claimed a moment later must not look unknown).
+        `note()` is taken as the read is sent, and returned with it (the run's window's
+        newest id then: `RunFeed.check_tail`)."""
         key = (keys.log, after)
         earlier = self._opening.get(key)
         now = time.monotonic()
@@ -100,15 +108,17 @@ class Reads:
             shared = await asyncio.shield(earlier[0])
             if shared is not None:
                 return shared
-        future: asyncio.Future[tuple[RunInfo | None, LogRead] | None]
+        future: asyncio.Future[tuple[RunInfo | None, LogRead, EventKey | None] | None]
         future = asyncio.get_running_loop().create_future()
         self._opening.pop(key, None)  # re-inserted last: the newest
         self._opening[key] = (future, now)
         while len(self._opening) > SHARED_OPENS:
             del self._opening[next(iter(self._opening))]
-        result: tuple[RunInfo | None, LogRead] | None = None
+        result: tuple[RunInfo | None, LogRead, EventKey | None] | None = None
         try:
-            result = await self._open_read(keys, run_id, after)
+            noted = note()
+            info, read = await self._open_read(keys, run_id, after)
+            result = (info, read, noted)
             return result
         finally:
             shareable = result if result is not None and result[1].exists else None

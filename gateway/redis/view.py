@@ -36,7 +36,7 @@ class FirstRead:
     def __init__(self, after: str, read: LogRead, newest: EventKey | None) -> None:
         self.after = after
         self._read: LogRead | None = read
-        self.newest = newest  # the run's window's newest id before the read (`check_tail`)
+        self.newest = newest  # the run's window's newest id as the read began (`check_tail`)
 
     def take(self, position: str) -> LogRead | None:
         """The read, if it was made from `position` (and not taken before)."""
