@@ -19,13 +19,12 @@
 --       | {"ended", status}              the run already has an END
 --       | {"session", session_id_or_""}  ARGV[4] names a session the run is not in
 --! include turn_fold
---! include run_meta
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = run_meta(KEYS[1], {'status', 'token', 'lease_until', 'epoch', 'session'})
-if meta.status and meta.status ~= 'running' then
-  return {'ended', meta.status}
+--! read run KEYS[1] status token lease_until epoch session
+if run_status and run_status ~= 'running' then
+  return {'ended', run_status}
 end
 -- A writer that predates the run record may have left an END with no meta.
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
@@ -34,18 +33,18 @@ if tail and tail[2][1] == 'end' then
 end
 
 -- A run's session is fixed by its first claim: a later claim may repeat it or omit it.
-if meta.token and ARGV[4] ~= '' and (meta.session or '') ~= ARGV[4] then
-  return {'session', meta.session or ''}
+if run_token and ARGV[4] ~= '' and (run_session or '') ~= ARGV[4] then
+  return {'session', run_session or ''}
 end
 
-local lease_until = tonumber(meta.lease_until or '0')
-if meta.token and lease_until > now and ARGV[3] ~= '1' then
+local lease_until = tonumber(run_lease_until or '0')
+if run_token and lease_until > now and ARGV[3] ~= '1' then
   return {'owned', string.format('%d', lease_until)}
 end
 
-local epoch = tonumber(meta.epoch or '0') + 1
+local epoch = tonumber(run_epoch or '0') + 1
 local new_until = now + tonumber(ARGV[2])
-local session = meta.session or ARGV[4]
+local session = run_session or ARGV[4]
 redis.call('HSETNX', KEYS[1], 'created', string.format('%d', now))
 redis.call('HSET', KEYS[1],
   'status', 'running', 'token', ARGV[1], 'epoch', string.format('%d', epoch),

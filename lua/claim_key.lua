@@ -16,16 +16,16 @@
 --         release (a claim that took the entry fresh and then failed): 1 | 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local held = redis.call('HMGET', KEYS[1], 'run', 'at')
+--! read held KEYS[1] run at
 if ARGV[1] == 'release' then
-  if held[1] == ARGV[2] then
+  if held_run == ARGV[2] then
     redis.call('DEL', KEYS[1])
     return 1
   end
   return 0
 end
-if held[1] and held[1] ~= ARGV[3] then
-  return {'held', held[1], string.format('%d', math.max(0, now - tonumber(held[2] or '0')))}
+if held_run and held_run ~= ARGV[3] then
+  return {'held', held_run, string.format('%d', math.max(0, now - tonumber(held_at or '0')))}
 end
 redis.call('HSET', KEYS[1], 'run', ARGV[2], 'at', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])

@@ -17,10 +17,10 @@ local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 
 if redis.call('EXISTS', KEYS[2]) == 0 then
   return 0
 end
-local pend = redis.call('HMGET', KEYS[1], 'tpend', 'tfold')
-if KEYS[3] and tonumber(pend[1] or '0') > 0 then
-  turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], pend[2] or '0-0',
-    tonumber(pend[1]))
+--! read run KEYS[1] tpend tfold
+if KEYS[3] and tonumber(run_tpend or '0') > 0 then
+  turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], run_tfold or '0-0',
+    tonumber(run_tpend))
   redis.call('HSET', KEYS[1], 'tpend', '0')
 end
 if tonumber(ARGV[1]) <= 0 then

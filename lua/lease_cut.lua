@@ -19,22 +19,21 @@
 -- is now cut (or was already shorter): the gateway takes only their difference, what is
 -- left of the lease, into its own clock. 0 when it is not this stream's to cut (another
 -- token or stream, a write since, or the run has ended).
---! include run_meta
-local meta = run_meta(KEYS[1], {'token', 'status', 'lease_until', 'stream', 'last', 'renewed'})
-if not meta.token or meta.token ~= ARGV[1] or meta.stream ~= ARGV[2] then
+--! read run KEYS[1] token status lease_until stream last renewed
+if not run_token or run_token ~= ARGV[1] or run_stream ~= ARGV[2] then
   return 0
 end
-if ARGV[4] ~= '' and meta.last ~= ARGV[4] then
+if ARGV[4] ~= '' and run_last ~= ARGV[4] then
   return 0
 end
-if meta.status and meta.status ~= 'running' then
+if run_status and run_status ~= 'running' then
   return 0
 end
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
-if tonumber(meta.renewed or '0') > now - tonumber(ARGV[5]) then
+if tonumber(run_renewed or '0') > now - tonumber(ARGV[5]) then
   return 0
 end
-local lease_until = math.min(tonumber(meta.lease_until or '0'), now + tonumber(ARGV[3]))
+local lease_until = math.min(tonumber(run_lease_until or '0'), now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', lease_until))
 return {string.format('%d', lease_until), string.format('%d', now)}

@@ -64,11 +64,11 @@
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'cancel', 'lease_ms',
-  'session', 'last', 'remove_at', 'len', 'ttl_at', 'seq_tok', 'seq_next', 'seq_last', 'seq_base',
-  'seq_cur', 'seq_n', 'floor', 'srv', 'ep', 'end_id', 'tpend', 'tfold')
+-- The run record's fields, read by name into locals run_<field> (scripts.py expands it)
+--! read run KEYS[1] token lease_until status cancel lease_ms session last remove_at len
+--!+ ttl_at seq_tok seq_next seq_last seq_base seq_cur seq_n floor srv ep end_id tpend tfold
 local FIRST = 9  -- ARGV index of the first event's name
-if not meta[1] or meta[1] ~= ARGV[1] then
+if not run_token or run_token ~= ARGV[1] then
   return {'fenced', 'token'}
 end
 -- The tail: its entry, or for a numbered batch that overlaps what was applied (a retry)
@@ -76,11 +76,11 @@ end
 -- without loading any event (a retry's cost must not depend on the events' size; a
 -- tail that is not that event is read as always: an END, or a legacy writer's entries).
 local tail = nil
-local retry = meta[11] == ARGV[1] and meta[7] and tonumber(ARGV[6])
+local retry = run_seq_tok == ARGV[1] and run_last and tonumber(ARGV[6])
 local after_last = false  -- the log holds entries after `last` (an END, a legacy write)
-if retry and tonumber(ARGV[6]) < tonumber(meta[12]) then
-  if #redis.call('XRANGE', KEYS[2], '(' .. meta[7], '+', 'COUNT', 1) == 0 then
-    if redis.call('EXISTS', KEYS[2]) == 1 then tail = {meta[7]} end
+if retry and tonumber(ARGV[6]) < tonumber(run_seq_next) then
+  if #redis.call('XRANGE', KEYS[2], '(' .. run_last, '+', 'COUNT', 1) == 0 then
+    if redis.call('EXISTS', KEYS[2]) == 1 then tail = {run_last} end
   else
     retry, after_last = false, true
   end
@@ -90,11 +90,11 @@ end
 -- From the record (see the top): an END, or the newest id, presumed still in the log.
 local presumed = false
 if not retry then
-  if ARGV[8] ~= '1' and meta[7] and not after_last then
-    if meta[3] and meta[3] ~= 'running' then
-      return {'ended', meta[20] or ''}
+  if ARGV[8] ~= '1' and run_last and not after_last then
+    if run_status and run_status ~= 'running' then
+      return {'ended', run_end_id or ''}
     end
-    tail, presumed = {meta[7]}, true
+    tail, presumed = {run_last}, true
   else
     tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
   end
@@ -103,12 +103,12 @@ if tail and tail[2] and tail[2][1] == 'end' then
   return {'ended', tail[1]}
 end
 -- The log of an ended run was removed: the record still says it ended.
-if not tail and meta[3] and meta[3] ~= 'running' then
+if not tail and run_status and run_status ~= 'running' then
   return {'ended', ''}
 end
 -- The owner's lease lapsing fences it too (checked after END, so a late write to an
 -- ended run is reported as such).
-if tonumber(meta[2] or '0') <= now then
+if tonumber(run_lease_until or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 
@@ -194,7 +194,7 @@ local skip = 0
 local applied = {}
 local s = nil
 if batch_seq then
-  s = {meta[11], meta[12], meta[13], meta[14]}  -- read with the record, in one HMGET
+  s = {run_seq_tok, run_seq_next, run_seq_last, run_seq_base}  -- read with the record, in one HMGET
   local mine = s[1] == ARGV[1]
   local expected = mine and tonumber(s[2]) or 1
   if batch_seq > expected then
@@ -206,21 +206,21 @@ if batch_seq then
       return {'sequence_conflict', expected}
     end
     skip = math.min(count, lookback)
-    applied = recorded_ids(meta[15] or '', tonumber(meta[16] or '0'), batch_seq, skip)
+    applied = recorded_ids(run_seq_cur or '', tonumber(run_seq_n or '0'), batch_seq, skip)
     if #applied < skip or not tail then
       return {'sequence_conflict', expected}
     end
-    if meta[17] then  -- the first of them must be newer than the log's floor
+    if run_floor then  -- the first of them must be newer than the log's floor
       local ms, part = id_parts(applied[1])
-      local fms, fpart = id_parts(meta[17])
+      local fms, fpart = id_parts(run_floor)
       if ms < fms or (ms == fms and part <= fpart) then
         return {'sequence_conflict', expected}
       end
     end
     if skip == count then
       -- All applied before: nothing is appended; like any publish it renews the lease.
-      redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', now + tonumber(meta[5])))
-      local dup = {'duplicate', meta[4] == '1' and 1 or 0, meta[6] or ''}
+      redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', now + tonumber(run_lease_ms)))
+      local dup = {'duplicate', run_cancel == '1' and 1 or 0, run_session or ''}
       for i = 1, #applied do dup[#dup + 1] = applied[i] end
       return dup
     end
@@ -231,15 +231,15 @@ end
 -- No log but the run handed out ids before: it was removed under a live producer, and
 -- the new log's ids follow the last one (its floor).
 local floor = nil
-if not tail and meta[7] then
-  floor = meta[7]
+if not tail and run_last then
+  floor = run_last
 end
 local server = server_identity(ARGV[7])
-local epoch, epoch_moved = run_epoch(meta[18], meta[19], server)
-local prev = tail and tail[1] or meta[7]
+local epoch, epoch_moved = run_epoch(run_srv, run_ep, server)
+local prev = tail and tail[1] or run_last
 local in_log = tail ~= nil
 
-local reply = {'ok', meta[4] == '1' and 1 or 0, meta[6] or ''}
+local reply = {'ok', run_cancel == '1' and 1 or 0, run_session or ''}
 local push = {}
 local push_bytes = 0
 local runs = {}  -- numbered: the new ids as runs of consecutive ones, {ms, part, count}
@@ -252,7 +252,7 @@ for i = FIRST + 2 * skip, #ARGV, 2 do
     if not id then
       -- The log was removed under the producer: as for any missing log, the new one's
       -- ids follow the last one the run handed out, its floor.
-      tail, floor, in_log = nil, meta[7], false
+      tail, floor, in_log = nil, run_last, false
     end
   end
   if not id then
@@ -282,14 +282,14 @@ if batch_seq then
   -- The numbered run goes on while nothing else was appended since its newest event.
   local first_new = batch_seq + skip
   local base = first_new
-  if s[1] == ARGV[1] and meta[7] == s[3] then base = tonumber(s[4]) end
+  if s[1] == ARGV[1] and run_last == s[3] then base = tonumber(s[4]) end
   -- (written with the record's other fields, in the one HSET below)
   numbering = {'seq_tok', ARGV[1], 'seq_next', string.format('%d', first_new + count),
     'seq_last', last, 'seq_base', string.format('%d', base)}
   -- The record: these ids join the open bucket (a new numbering starts a new record),
   -- which closes into the ring once it holds SEQ_BUCKET events.
   local cur, closed = '', 0
-  if s[1] == ARGV[1] then cur, closed = meta[15] or '', tonumber(meta[16] or '0') end
+  if s[1] == ARGV[1] then cur, closed = run_seq_cur or '', tonumber(run_seq_n or '0') end
   if cur == '' then cur = string.format('%d:%d', first_new, runs[1][1]) end
   local bucket_base = tonumber(string.match(cur, ':(%d+)'))
   local parts = {cur}
@@ -316,11 +316,11 @@ if batch_seq then
 end
 
 local maxlen = tonumber(ARGV[2])
-local length = (tail and tonumber(meta[9] or '0') or 0) + count
+local length = (tail and tonumber(run_len or '0') or 0) + count
 local trimming = length > maxlen + tonumber(ARGV[5])
 local ttl = tonumber(ARGV[3])
-local remove_at = tonumber(meta[8] or '0')
-local ttl_at = tonumber(meta[10] or '0')
+local remove_at = tonumber(run_remove_at or '0')
+local ttl_at = tonumber(run_ttl_at or '0')
 local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 
 -- The turn record follows the append in this same step (turn_fold.lua): the events
@@ -328,8 +328,8 @@ local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 -- fold at once, but text, which waits in the log until a fold is due (`tpend`, `tfold`:
 -- see turn_fold.lua); due before this script trims or a scheduled removal can take it.
 local pending = nil  -- the record's new `tpend` and `tfold`, when they move
-if meta[6] and meta[6] ~= '' and KEYS[3] then
-  local pend, after = tonumber(meta[21] or '0'), meta[22]
+if run_session and run_session ~= '' and KEYS[3] then
+  local pend, after = tonumber(run_tpend or '0'), run_tfold
   local at_once, deferred, moves = {}, false, false
   for i = FIRST + 2 * skip, #ARGV, 2 do
     if TURN_DEFERRED[ARGV[i]] then
@@ -350,7 +350,7 @@ if meta[6] and meta[6] ~= '' and KEYS[3] then
   end
   if pend > 0 then
     pending = {'tpend', string.format('%d', pend), 'tfold', after}
-  elseif meta[21] and meta[21] ~= '0' then
+  elseif run_tpend and run_tpend ~= '0' then
     pending = {'tpend', '0'}
   end
 end
@@ -369,7 +369,7 @@ if floor then
   redis.call('XSETID', KEYS[2], last, 'MAXDELETEDID', floor)
 end
 
-local record = {'lease_until', string.format('%d', now + tonumber(meta[5])),
+local record = {'lease_until', string.format('%d', now + tonumber(run_lease_ms)),
   'updated', string.format('%d', now), 'last', last, 'len', string.format('%d', length),
   'ttl_at', string.format('%d', refresh and now or ttl_at)}
 if numbering then

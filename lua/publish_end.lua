@@ -37,10 +37,11 @@
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = redis.call('HMGET', KEYS[1], 'token', 'lease_until', 'status', 'end_id', 'session',
-  'last', 'end_by', 'remove_at', 'srv', 'ep', 'tpend', 'tfold')
-local session = meta[5] or ''
-local lease_until = tonumber(meta[2] or '0')
+-- The run record's fields, read by name into locals run_<field> (scripts.py expands it)
+--! read run KEYS[1] token lease_until status end_id session last end_by remove_at srv ep
+--!+ tpend tfold
+local session = run_session or ''
+local lease_until = tonumber(run_lease_until or '0')
 local exists = redis.call('EXISTS', KEYS[2]) == 1
 local writer = ARGV[1] == '' and '-' or ARGV[1]
 
@@ -51,14 +52,14 @@ local function settle(end_id, status, by)
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
   if KEYS[3] then
     -- the text still pending in the log first (turn_fold.lua), then the END
-    if tonumber(meta[11] or '0') > 0 then
-      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], meta[12] or '0-0',
-        tonumber(meta[11]))
+    if tonumber(run_tpend or '0') > 0 then
+      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], run_tfold or '0-0',
+        tonumber(run_tpend))
       redis.call('HSET', KEYS[1], 'tpend', '0')
     end
     turn_guarded(turn_end, KEYS[3], KEYS[4], status, now, ARGV[6])
   end
-  local remove_at = tonumber(meta[8] or '0')
+  local remove_at = tonumber(run_remove_at or '0')
   if remove_at > now and remove_at - now < tonumber(ARGV[5]) then
     redis.call('PEXPIRE', KEYS[2], remove_at - now)
   else
@@ -69,38 +70,38 @@ end
 -- An END that is already there: the same writer repeating it is deduplicated; anyone
 -- else learns it was fenced (a producer whose lease lapsed and got the recovery END).
 local function repeated(end_id)
-  if ARGV[1] ~= '' and meta[7] and meta[7] ~= '?' and meta[7] ~= ARGV[1] then
+  if ARGV[1] ~= '' and run_end_by and run_end_by ~= '?' and run_end_by ~= ARGV[1] then
     return {'fenced', 'ended_by_another'}
   end
   return {'ok', end_id, 1, session, 0}
 end
 
 if ARGV[1] == '' then
-  if meta[1] and lease_until > now then
+  if run_token and lease_until > now then
     return {'fenced', 'lease_live'}
   end
   if not exists then
-    if meta[3] == 'running' then
+    if run_status == 'running' then
       -- Claimed, never published, lease gone: mark the record so its readers end.
       settle('', ARGV[2], '-')
       redis.call('SPUBLISH', KEYS[2], '')
       return {'recorded', session}
     end
-    if not meta[3] then
+    if not run_status then
       return {'noop'}
     end
   end
-elseif not meta[1] or meta[1] ~= ARGV[1] then
+elseif not run_token or run_token ~= ARGV[1] then
   return {'fenced', 'token'}
 end
 
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 if tail and tail[2][1] == 'end' then
-  if meta[3] == 'running' or not meta[3] then settle(tail[1], tail[2][2], '?') end
+  if run_status == 'running' or not run_status then settle(tail[1], tail[2][2], '?') end
   return repeated(tail[1])
 end
-if not tail and meta[3] and meta[3] ~= 'running' then
-  return repeated(meta[4] or '')
+if not tail and run_status and run_status ~= 'running' then
+  return repeated(run_end_id or '')
 end
 -- A first END needs a live lease.
 if ARGV[1] ~= '' and lease_until <= now then
@@ -127,12 +128,12 @@ end
 -- A log removed under a live owner is recreated above every id the run handed out; and
 -- an END never takes an id of an earlier epoch (entry_id.lua).
 local floor = nil
-if not tail and meta[6] then
-  floor = meta[6]
+if not tail and run_last then
+  floor = run_last
 end
 local server = server_identity(ARGV[7])
-local epoch, epoch_moved = run_epoch(meta[9], meta[10], server)
-local next_id = entry_id(epoch, tail and tail[1] or meta[6], now, tail ~= nil)
+local epoch, epoch_moved = run_epoch(run_srv, run_ep, server)
+local next_id = entry_id(epoch, tail and tail[1] or run_last, now, tail ~= nil)
 if epoch_moved then
   redis.call('HSET', KEYS[1], 'srv', server, 'ep', string.format('%d', epoch))
 end

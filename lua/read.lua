@@ -26,9 +26,9 @@
 --   status, error, end_id, last  the run record's status, END and last event id when
 --             the log is missing (a reader before `last` missed events: a gap)
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  local record = redis.call('HMGET', KEYS[1], 'status', 'err', 'end_id', 'last')
-  return {0, 0, 0, '', '', '', {}, '', record[1] or '', record[2] or '', record[3] or '',
-    record[4] or ''}
+  --! read run KEYS[1] status err end_id last
+  return {0, 0, 0, '', '', '', {}, '', run_status or '', run_err or '', run_end_id or '',
+    run_last or ''}
 end
 local info = redis.call('XINFO', 'STREAM', KEYS[2])
 local field = {}

@@ -11,18 +11,17 @@
 -- Returns {"ok", lease_until_ms, cancel_requested (0|1), now_ms (Redis' clock)}
 --       | {"fenced", "token" | "lease_expired"}
 --       | {"ended", status}
---! include run_meta
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
-local meta = run_meta(KEYS[1], {'token', 'lease_until', 'status', 'cancel', 'lease_ms'})
-if not meta.token or meta.token ~= ARGV[1] then
+--! read run KEYS[1] token lease_until status cancel lease_ms
+if not run_token or run_token ~= ARGV[1] then
   return {'fenced', 'token'}
 end
-if meta.status and meta.status ~= 'running' then
-  return {'ended', meta.status}
+if run_status and run_status ~= 'running' then
+  return {'ended', run_status}
 end
-if tonumber(meta.lease_until or '0') <= now then
+if tonumber(run_lease_until or '0') <= now then
   return {'fenced', 'lease_expired'}
 end
 local tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
@@ -31,7 +30,7 @@ if tail and tail[2][1] == 'end' then
 end
 
 local lease_ms = ARGV[2]
-if lease_ms == '' then lease_ms = meta.lease_ms end
+if lease_ms == '' then lease_ms = run_lease_ms end
 local new_until = now + tonumber(lease_ms)
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%d', new_until), 'lease_ms', lease_ms)
 if ARGV[4] and ARGV[4] ~= '' then
@@ -43,4 +42,4 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 -- (and Redis' own time: the gateway reports the lease by its length, never comparing
 -- this server's clock with its own)
-return {'ok', string.format('%d', new_until), meta.cancel == '1' and 1 or 0, string.format('%d', now)}
+return {'ok', string.format('%d', new_until), run_cancel == '1' and 1 or 0, string.format('%d', now)}

@@ -18,10 +18,10 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local legacy = redis.call('ZCARD', KEYS[4])
 local count = redis.call('ZCARD', KEYS[3]) + legacy
-local meta = redis.call('HMGET', KEYS[2], 'last_updated', 'seq')
+--! read session KEYS[2] last_updated seq
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local out = {'ok', meta[1] or '', count, meta[2] or '0', now, legacy}
+local out = {'ok', session_last_updated or '', count, session_seq or '0', now, legacy}
 local want = math.max(tonumber(ARGV[1]), 1)
 local ids
 if (ARGV[2] or '') == '' then

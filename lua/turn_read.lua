@@ -6,10 +6,10 @@
 -- KEYS[3]  the run meta hash              KEYS[4]  the run log stream
 -- Returns {} when there is none, else {text, field, value, field, value, ...}
 --! include turn_fold
-local pend = redis.call('HMGET', KEYS[3], 'tpend', 'tfold')
-if tonumber(pend[1] or '0') > 0 then
-  turn_guarded(turn_fold_pending, KEYS[1], KEYS[2], KEYS[4], pend[2] or '0-0',
-    tonumber(pend[1]))
+--! read run KEYS[3] tpend tfold
+if tonumber(run_tpend or '0') > 0 then
+  turn_guarded(turn_fold_pending, KEYS[1], KEYS[2], KEYS[4], run_tfold or '0-0',
+    tonumber(run_tpend))
   redis.call('HSET', KEYS[3], 'tpend', '0')
 end
 local fields = redis.call('HGETALL', KEYS[1])
