@@ -82,6 +82,10 @@ class RunFeed:
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
         self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
+        # A read stopped at its batch inside the window (`check_tail`): waiting for a
+        # refresh to check the window, and the last one a refresh checked.
+        self._stop_pending: EventKey | None = None
+        self._stop_checked: EventKey | None = None
 
     # -- what subscribers see ----------------------------------------------------
 
@@ -152,14 +156,31 @@ class RunFeed:
         it and finds the log's newest id below it saw a log that went backwards."""
         return self._head_key if self.started else None
 
-    def check_tail(self, tail: EventKey, newest: EventKey | None) -> None:
+    def check_tail(
+        self, tail: EventKey, newest: EventKey | None, stopped: EventKey | None = None
+    ) -> None:
         """A reader's read, begun when the window's newest id was `newest`, found the
         log's newest id at `tail`: below it, the log lost entries the window still holds
         (a failover to a replica that missed them, a restart that lost them), which
         must not be served after a position the log does hold. The window is refreshed
-        before anyone uses it again, which restarts it at the log's tail (`take`)."""
-        if newest is not None and tail < newest:
+        before anyone uses it again, which restarts it at the log's tail (`take`).
+
+        `stopped`: the read stopped at its batch there, short of the tail. Inside the
+        window, the reader goes on from the window, whose entries after it the read
+        did not see; the refresh made before that checks that the window's newest id is
+        still in the log (one read per such reader, which was far behind anyway)."""
+        if newest is None:
+            return
+        if tail < newest:
             self.mark_stale()
+        elif (
+            stopped is not None
+            and self._base_key <= stopped < newest
+            # (once per stop: the readers of one shared read cost one refresh, not each)
+            and stopped != self._stop_checked
+        ):
+            self._stop_pending = stopped
+            self.stale = True
 
     def forget_reads(self) -> None:
         """The log is gone (a read found it missing, or this process removed it): shared
@@ -238,11 +259,14 @@ class RunFeed:
                 yield False
                 return
             self.stale = False
+            pending = self._stop_pending
             try:
                 yield True
             except BaseException:
                 self.stale = True
                 raise
+            else:
+                self._stop_checked = pending
             finally:
                 self.last_read = time.monotonic()
                 self.wake()

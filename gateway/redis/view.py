@@ -117,7 +117,9 @@ class RunView:
             feed.forget_reads()
             self._reads.forget(self._keys)
         tail = read.tail.id if read.tail is not None and read.tail.id else "0-0"
-        feed.check_tail(parse_cursor(tail), newest)
+        last = read.entries[-1].id if read.entries else None
+        stopped = None if last is None or last == tail else parse_cursor(last)
+        feed.check_tail(parse_cursor(tail), newest, stopped)
         feed.start_at(tail)
         return read
 

@@ -24,6 +24,7 @@ import anyio
 import pytest
 
 from gateway.bridge.provider import open_bridge
+from gateway.bridge.rules import READ_BATCH
 from gateway.cursor import EPOCH_SPAN, parse_cursor
 from gateway.errors import BackendUnavailable
 from gateway.redis.keys import run_keys
@@ -214,6 +215,60 @@ async def test_a_window_the_log_lost_is_not_served_after_a_kept_position(
             assert [(type(i), getattr(i, "reason", None)) for i in rest] == [
                 (StreamGap, "unknown_position")
             ]
+    finally:
+        raw.close()
+        server.close()
+
+
+async def test_a_read_stopped_at_the_batch_inside_the_window_does_not_go_on_from_it(
+    key_prefix: str,
+) -> None:
+    """As above, with the log's newest id above the window's (an event appended after
+    the log went back) and a reader more than a read's batch behind: its read stops at a
+    kept id inside the window, and the window's entries after it include the lost ones."""
+    server = RedisServer("--appendonly", "no", "--save", "")
+    server.start()
+    raw = server.client()
+    keys = run_keys(key_prefix, "rc")
+    settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix, lease_seconds=120)
+    kept_count = READ_BATCH + 88
+    try:
+        async with open_bridge(settings) as bridge:
+            claim = await bridge.claim("rc")
+            first = (await bridge.publish("rc", "t", -1, producer_token=claim.token)).ids[0]
+            live = bridge.subscribe("rc", None, heartbeat_interval=5)
+            with anyio.fail_after(20):
+                assert [e.id async for e in _events(live, 1)] == [first]
+                # Published while the live reader follows: the feed's window takes them.
+                kept = list(
+                    (
+                        await bridge.publish_many(
+                            "rc", [("t", i) for i in range(kept_count)], producer_token=claim.token
+                        )
+                    ).ids
+                )
+                snapshot = {key: raw.dump(key) for key in (keys.log, keys.meta)}
+                lost = list(
+                    (
+                        await bridge.publish_many(
+                            "rc", [("t", i) for i in range(5)], producer_token=claim.token
+                        )
+                    ).ids
+                )
+                assert [e.id async for e in _events(live, kept_count + 5)] == kept + lost
+            for key, value in snapshot.items():
+                raw.restore(key, 0, value, replace=True)
+            # An entry appended after the log went back, above the window's newest id
+            # (written raw: the gateway's append would notify the feed).
+            ms, seq = parse_cursor(lost[-1])
+            later = f"{ms + 1}-{seq}"
+            raw.xadd(keys.log, {"e": "t", "d": "99"}, id=later)
+
+            resumed = bridge.subscribe("rc", first, heartbeat_interval=0.3)
+            with anyio.fail_after(10):
+                got = await _until_heartbeat(resumed)
+            assert [i.id for i in got if isinstance(i, StreamEvent)] == [*kept, later]
+            assert isinstance(got[-1], Heartbeat)
     finally:
         raw.close()
         server.close()
