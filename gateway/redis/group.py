@@ -50,7 +50,8 @@ MAX_FLIGHTS: Final = 2
 
 
 class _Script:
-    """One script call waiting for its reply (`future`)."""
+    """One script call; `future` holds its reply when it waits for a flyer (a lone
+    call sent by its caller has none: it gets its reply as the call's result)."""
 
     __slots__ = ("args", "future", "keys", "script", "server_at")
 
@@ -60,13 +61,27 @@ class _Script:
         keys: Sequence[str],
         args: Sequence[bytes | str | int],
         server_at: int | None,
-        future: asyncio.Future[Any],
+        future: asyncio.Future[Any] | None,
     ) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         self.server_at = server_at
         self.future = future
+
+    def settle(self, reply: Any) -> None:
+        """Hand the waiting caller its reply, or its refusal raised (a caller that was
+        cancelled meanwhile is gone: nothing to hand)."""
+        if self.future is None or self.future.done():
+            return
+        if isinstance(reply, redis_errors.ResponseError):
+            self.future.set_exception(reply)
+        else:
+            self.future.set_result(reply)
+
+    def fail(self, error: BaseException) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_exception(error)
 
     def command(self, server: str) -> tuple[bytes | str | int, ...]:
         args = self.args
@@ -190,9 +205,10 @@ class GroupCommit:
         server_at: int | None,
     ) -> Any:
         """Run `script` in the next batch: its reply, or its error raised."""
-        call = _Script(script, keys, args, server_at, asyncio.get_running_loop().create_future())
         if not self._on_wire and not self._queue:
-            return await self._alone(call)
+            return await self._alone(_Script(script, keys, args, server_at, None))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        call = _Script(script, keys, args, server_at, future)
         self._queue.append(call)
         while self._idle and self._idle[-1].done():  # (its flyer is stopping)
             self._idle.pop()
@@ -202,7 +218,7 @@ class GroupCommit:
             self._flyers += 1
             self._tasks.start_soon(self._fly)
         try:
-            return await call.future
+            return await future
         except asyncio.CancelledError:
             if call in self._queue:
                 self._queue.remove(call)
@@ -210,14 +226,15 @@ class GroupCommit:
 
     async def _alone(self, call: _Script) -> Any:
         """Nothing on the wire: the caller sends its script itself, at once (a lone
-        write pays no hand-off to a flyer); what arrives meanwhile queues for them."""
+        write pays no hand-off to a flyer); what arrives meanwhile queues for them.
+        Its caller's deadline bounds it (`Calls._attempts`): a second timeout context
+        here cost a loop timer per write, a third of a lone publish's CPU."""
         self._on_wire += 1
         self.batches += 1
         self.scripts += 1
         self.alone += 1
         try:
-            with anyio.fail_after(self._timeout):
-                (reply,) = await self._send_batch([call])
+            (reply,) = await self._send_batch([call])
         finally:
             self._on_wire -= 1
         if isinstance(reply, redis_errors.ResponseError):
@@ -242,8 +259,7 @@ class GroupCommit:
                 self._idle.remove(waiter)
             self._flyers -= 1
             for call in self._queue if self._flyers == 0 else ():
-                if not call.future.done():
-                    call.future.set_exception(BridgeClosed("the bridge is closed"))
+                call.fail(BridgeClosed("the bridge is closed"))
 
     async def _send(self, batch: list[_Script]) -> None:
         self.batches += 1
@@ -255,17 +271,11 @@ class GroupCommit:
         except BaseException as exc:
             failure = exc if isinstance(exc, Exception) else BridgeClosed("the bridge is closed")
             for call in batch:
-                if not call.future.done():
-                    call.future.set_exception(failure)
+                call.fail(failure)
             if not isinstance(exc, Exception):
                 raise
             return
         finally:
             self._on_wire -= 1
         for call, reply in zip(batch, replies, strict=True):
-            if call.future.done():
-                continue  # its caller was cancelled
-            if isinstance(reply, redis_errors.ResponseError):
-                call.future.set_exception(reply)
-            else:
-                call.future.set_result(reply)
+            call.settle(reply)
