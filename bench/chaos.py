@@ -1284,9 +1284,29 @@ def verify_follow_history(
     return len(ids)
 
 
+def folded_text(log: list[tuple[str, dict[bytes, bytes]]], meta: dict[bytes, bytes]) -> str:
+    """What the turn record's text key must hold, given its log and run record: the text
+    of every event, or, while a fold is pending (lua/turn_fold.lua: `tpend` entries
+    after `tfold` wait in the log until a read, the END or the 64th folds them), of the
+    events up to `tfold`. Readers get the fold (turn_read.lua folds first)."""
+    pending = int(meta.get(b"tpend", b"0") or b"0") > 0
+    upto = _id_key(meta.get(b"tfold", b"0-0").decode()) if pending else None
+    return "".join(
+        orjson.loads(f[b"d"]).get("text", "")
+        for i, f in log
+        if b"e" in f and (upto is None or _id_key(i) <= upto)
+    )
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def verify_turns(
     records: dict[str, dict[bytes, bytes]],
     texts: dict[str, bytes],
+    metas: dict[str, dict[bytes, bytes]],
     logs: dict[str, list[tuple[str, dict[bytes, bytes]]]],
     until: dict[str, float | None],
     lost: dict[str, set[str]],
@@ -1313,8 +1333,9 @@ def verify_turns(
         ends = [f[b"end"].decode() for _, f in log if b"end" in f]
         state = record.get(b"state", b"").decode()
         if until[rid] is None:
-            # the whole log: the record's text is its events' text, its state the END
-            text = "".join(orjson.loads(f[b"d"]).get("text", "") for _, f in log if b"e" in f)
+            # the whole log: the record's text is its events' text (folded), its state
+            # the END
+            text = folded_text(log, metas.get(rid, {}))
             if ends and state != ends[0]:
                 violations.add(f"turn {rid}: state {state!r}, the log ended {ends[0]!r}")
         else:
@@ -1415,12 +1436,14 @@ def verify(
     logs: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
     records: dict[str, dict[bytes, bytes]] = {}
     texts: dict[str, bytes] = {}
+    metas: dict[str, dict[bytes, bytes]] = {}
     with redis.client() as c:
         for run in workload.runs:
             key_name = f"{KEY_PREFIX}{{{run.run_id}}}:log"
             logs[run.run_id] = [(i.decode(), f) for i, f in c.xrange(key_name)]
             records[run.run_id] = c.hgetall(f"{KEY_PREFIX}{{{run.run_id}}}:turn")
             texts[run.run_id] = c.get(f"{KEY_PREFIX}{{{run.run_id}}}:text") or b""
+            metas[run.run_id] = c.hgetall(f"{KEY_PREFIX}{{{run.run_id}}}:meta")
     runs = {run.run_id: run for run in workload.runs}
     until = {run.run_id: removed_until(run, workload) for run in workload.runs}
     lossy = {run_id for loss in workload.losses for run_id in loss.before}
@@ -1434,7 +1457,7 @@ def verify(
         lost = hist.lost() if hist is not None else set()
         verify_run(run, logs[run.run_id], until[run.run_id], lost, violations)
     losses = {run_id: hist.lost() for run_id, hist in histories.items()}
-    turns, sessions = verify_turns(records, texts, logs, until, losses, workload, violations)
+    turns, sessions = verify_turns(records, texts, metas, logs, until, losses, workload, violations)
     feeds, feed_turns = verify_session_follows(workload, until, lossy, violations)
     workload.stats["session_follows"] = feeds
     workload.stats["session_follow_turns"] = feed_turns
@@ -1792,14 +1815,15 @@ class Chaos:
                 pipe.xrange(f"{KEY_PREFIX}{{{run.run_id}}}:log")
                 pipe.hgetall(f"{KEY_PREFIX}{{{run.run_id}}}:turn")
                 pipe.get(f"{KEY_PREFIX}{{{run.run_id}}}:text")
+                pipe.hgetall(f"{KEY_PREFIX}{{{run.run_id}}}:meta")
             replies = pipe.execute()
         for n, run in enumerate(runs):
-            log, record, text = replies[3 * n : 3 * n + 3]
+            log, record, text, meta = replies[4 * n : 4 * n + 4]
             if not record:
                 self.violations.add(f"turn {run.run_id}: no turn record on the server")
                 continue
-            events = [f for _, f in log if b"e" in f]
-            expected = "".join(orjson.loads(f[b"d"]).get("text", "") for f in events)
+            log = [(i.decode(), f) for i, f in log]
+            expected = folded_text(log, meta)
             ends = [f[b"end"].decode() for _, f in log if b"end" in f]
             state = record.get(b"state", b"").decode()
             if (text or b"").decode() != expected:
