@@ -22,7 +22,7 @@
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
---! read run KEYS[1] status token lease_until epoch session
+--! read run KEYS[1] status token lease_until epoch session tpend tpark
 if run_status and run_status ~= 'running' then
   return {'ended', run_status}
 end
@@ -54,6 +54,13 @@ redis.call('HSET', KEYS[1],
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 if session ~= '' and session == ARGV[4] and ARGV[6] ~= '' then
-  turn_guarded(turn_open, KEYS[3], session, ARGV[6], ARGV[7], now, ARGV[5])
+  local ok, opened = pcall(turn_open, KEYS[3], session, ARGV[6], ARGV[7], now, ARGV[5])
+  if not ok then
+    redis.log(redis.LOG_WARNING, 'turn record not opened: ' .. tostring(opened))
+  elseif opened and ((run_tpend or '0') ~= '0' or (run_tpark or '0') ~= '0') then
+    -- a new record (its session was cleared): what the log held for the old one
+    -- (pending text, a parked state) is not this turn's
+    redis.call('HSET', KEYS[1], 'tpend', '0', 'tpark', '0')
+  end
 end
 return {'ok', epoch, string.format('%d', new_until), session}

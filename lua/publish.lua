@@ -67,6 +67,7 @@ local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 
 -- The run record's fields, read by name into locals run_<field> (scripts.py expands it)
 --! read run KEYS[1] token lease_until status cancel lease_ms session last remove_at len
 --!+ ttl_at seq_tok seq_next seq_last seq_base seq_cur seq_n floor srv ep end_id tpend tfold
+--!+ tpark
 local FIRST = 9  -- ARGV index of the first event's name
 if not run_token or run_token ~= ARGV[1] then
   return {'fenced', 'token'}
@@ -327,12 +328,15 @@ local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 -- appended now (an overlapping numbered batch folded its first `skip` events before)
 -- fold at once, but text, which waits in the log until a fold is due (`tpend`, `tfold`:
 -- see turn_fold.lua); due before this script trims or a scheduled removal can take it.
-local pending = nil  -- the record's new `tpend` and `tfold`, when they move
+-- While the turn is parked (`tpark`) its text folds at once: the record then outlives
+-- the run's keys (no TTL), and text waiting in the log would expire with them.
+local pending = nil  -- the record's new `tpend`, `tfold` and `tpark`, when they move
 if run_session and run_session ~= '' and KEYS[3] then
   local pend, after = tonumber(run_tpend or '0'), run_tfold
   local at_once, deferred, moves = {}, false, false
+  local parked = run_tpark == '1'
   for i = FIRST + 2 * skip, #ARGV, 2 do
-    if TURN_DEFERRED[ARGV[i]] then
+    if TURN_DEFERRED[ARGV[i]] and not parked then
       deferred = true
     else
       at_once[#at_once + 1] = {ARGV[i], ARGV[i + 1], now}
@@ -352,6 +356,15 @@ if run_session and run_session ~= '' and KEYS[3] then
     pending = {'tpend', string.format('%d', pend), 'tfold', after}
   elseif run_tpend and run_tpend ~= '0' then
     pending = {'tpend', '0'}
+  end
+  if moves then  -- (the pending text is folded: none waits while parked)
+    local now_parked = TURN_PARKED[redis.call('HGET', KEYS[3], TURN_FIELD.state) or ''] and '1'
+      or '0'
+    if now_parked ~= (run_tpark or '0') then
+      pending = pending or {}
+      pending[#pending + 1] = 'tpark'
+      pending[#pending + 1] = now_parked
+    end
   end
 end
 

@@ -242,24 +242,34 @@ end
 -- before a removal, and by every read of the record (turn_read.lua), so no reader sees
 -- it lag the log. Text events change only text, chars, trunc and updated, which no other
 -- event reads, so folding them later gives the record they would have given at once.
+-- Not while the turn is parked (`tpark` in the run record, publish.lua): a parked record
+-- has no TTL and outlives the run's keys, so its text is folded at once; and a claim
+-- that opens a new record clears both (claim.lua).
 local TURN_DEFERRED = {['token'] = true, ['text-delta'] = true, ['text-set'] = true,
   ['ui'] = true}
 local TURN_FOLD_EVERY = 64
 
--- Fold the pending text of the log `lk` (entries after `after`, `pend` of them) into the
--- record. Fewer in the log than pending: it was removed (DEL) or evicted outside the
--- scripts, which fold before every removal and trim they make, and took text the record
--- had not folded: the record says so (`trunc`), as when a cap drops text.
+-- Fold the pending text of the log `lk` (entries after `after`, `pend` events) into the
+-- record, if the run has one that has not ended (none: a cleared session's; nothing to
+-- fold into, nor to mark). Fewer events in the log than pending (an END or a gateway's
+-- entry is not one): it was removed (DEL) or evicted outside the scripts, which fold
+-- before every removal and trim they make, and took text the record had not folded: the
+-- record says so (`trunc`), as when a cap drops text.
 local function turn_fold_pending(tk, xk, lk, after, pend)
+  local state = redis.call('HGET', tk, TURN_FIELD.state)
+  if not state or TURN_ENDED[state] then return end
   local entries = redis.call('XRANGE', lk, '(' .. after, '+')
-  if #entries < pend then redis.call('HSET', tk, TURN_FIELD.trunc, '1') end
-  local events = {}
+  local events, found = {}, 0
   for _, entry in ipairs(entries) do
     local f = entry[2]
-    if f[1] == 'e' and TURN_DEFERRED[f[2]] then
-      events[#events + 1] = {f[2], f[4], tonumber(string.match(entry[1], '^(%d+)'))}
+    if f[1] == 'e' then
+      found = found + 1
+      if TURN_DEFERRED[f[2]] then
+        events[#events + 1] = {f[2], f[4], tonumber(string.match(entry[1], '^(%d+)'))}
+      end
     end
   end
+  if found < pend then redis.call('HSET', tk, TURN_FIELD.trunc, '1') end
   if #events > 0 then turn_fold_events(tk, xk, events, 0, false) end
 end
 
