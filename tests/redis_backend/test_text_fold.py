@@ -6,6 +6,9 @@ a record that is only a mark."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
@@ -21,9 +24,34 @@ from tests.support.redis_servers import RedisServer
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
-def keys(prefix: str, run_id: str) -> dict[str, str]:
-    tag = f"{prefix}{{{run_id}}}"
-    return {name: f"{tag}:{name}" for name in ("meta", "log", "turn", "text")}
+@dataclass
+class Turn:
+    """A run claimed under `session` on a Redis bridge of its own key prefix."""
+
+    bridge: Any
+    store: Any
+    run_id: str
+    token: str
+    keys: dict[str, str]  # meta, log, turn, text
+
+    async def publish(self, kind: str, data: Any) -> None:
+        await self.bridge.publish(self.run_id, kind, data, producer_token=self.token)
+
+    async def turns(self, session: str) -> list[Any]:
+        return list(await self.store.list_turns(session))
+
+
+@asynccontextmanager
+async def claimed(redis: RedisServer, session: str) -> AsyncIterator[Turn]:
+    prefix = f"b-{uuid4().hex[:8]}:"
+    settings = Settings(redis_url=redis.url, redis_key_prefix=prefix)
+    with anyio.fail_after(30):
+        async with open_bridge(settings) as bridge:
+            run_id = f"r-{uuid4().hex[:8]}"
+            token = (await bridge.claim(run_id, session_id=session)).token
+            tag = f"{prefix}{{{run_id}}}"
+            keys = {name: f"{tag}:{name}" for name in ("meta", "log", "turn", "text")}
+            yield Turn(bridge, session_store_for(bridge, settings), run_id, token, keys)
 
 
 async def test_a_parked_turn_keeps_its_text_when_the_run_expires(
@@ -31,21 +59,14 @@ async def test_a_parked_turn_keeps_its_text_when_the_run_expires(
 ) -> None:
     """A parked record has no TTL and outlives the run's keys: text written while it is
     parked is in the record at once, not waiting in a log that expires."""
-    prefix = f"b-{uuid4().hex[:8]}:"
-    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=prefix)
-    with anyio.fail_after(30):
-        async with open_bridge(settings) as bridge:
-            store = session_store_for(bridge, settings)
-            run_id = f"r-{uuid4().hex[:8]}"
-            token = (await bridge.claim(run_id, session_id="s-p")).token
-            await bridge.publish(run_id, "token", {"text": "Sure. "}, producer_token=token)
-            await bridge.publish(run_id, "state", "input-required", producer_token=token)
-            await bridge.publish(run_id, "token", {"text": "Which account?"}, producer_token=token)
-            k = keys(prefix, run_id)
-            with fresh_redis.client() as raw:
-                assert raw.pttl(k["turn"]) == -1  # parked: the record has no TTL
-                raw.delete(k["meta"], k["log"])  # what their TTL does, the record staying
-            (turn,) = await store.list_turns("s-p")
+    async with claimed(fresh_redis, "s-p") as run:
+        await run.publish("token", {"text": "Sure. "})
+        await run.publish("state", "input-required")
+        await run.publish("token", {"text": "Which account?"})
+        with fresh_redis.client() as raw:
+            assert raw.pttl(run.keys["turn"]) == -1  # parked: the record has no TTL
+            raw.delete(run.keys["meta"], run.keys["log"])  # as their TTL does
+        (turn,) = await run.turns("s-p")
     assert turn["state"] == "input-required"
     assert turn["text"] == "Sure. Which account?"
     assert turn["truncated"] is False
@@ -56,22 +77,15 @@ async def test_text_folds_later_again_once_the_turn_runs_again(
 ) -> None:
     """Leaving parked goes back to deferring (the lone token's budget), and the text
     stays in order across the switch."""
-    prefix = f"b-{uuid4().hex[:8]}:"
-    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=prefix)
-    with anyio.fail_after(30):
-        async with open_bridge(settings) as bridge:
-            store = session_store_for(bridge, settings)
-            run_id = f"r-{uuid4().hex[:8]}"
-            token = (await bridge.claim(run_id, session_id="s-r")).token
-            await bridge.publish(run_id, "state", "input-required", producer_token=token)
-            await bridge.publish(run_id, "token", {"text": "a"}, producer_token=token)
-            await bridge.publish(run_id, "state", "running", producer_token=token)
-            await bridge.publish(run_id, "token", {"text": "b"}, producer_token=token)
-            k = keys(prefix, run_id)
-            with fresh_redis.client() as raw:
-                assert raw.hget(k["meta"], "tpend") == b"1"  # "b" waits in the log
-                assert raw.get(k["text"]) == b"a"
-            (turn,) = await store.list_turns("s-r")
+    async with claimed(fresh_redis, "s-r") as run:
+        await run.publish("state", "input-required")
+        await run.publish("token", {"text": "a"})
+        await run.publish("state", "running")
+        await run.publish("token", {"text": "b"})
+        with fresh_redis.client() as raw:
+            assert raw.hget(run.keys["meta"], "tpend") == b"1"  # "b" waits in the log
+            assert raw.get(run.keys["text"]) == b"a"
+        (turn,) = await run.turns("s-r")
     assert turn["text"] == "ab"
 
 
@@ -108,18 +122,12 @@ async def test_an_end_on_a_recreated_log_does_not_hide_lost_text(
 ) -> None:
     """The END appended to a log recreated after a DEL is not one of the pending
     events: the token the DEL took is reported (`truncated`)."""
-    prefix = f"b-{uuid4().hex[:8]}:"
-    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=prefix)
-    with anyio.fail_after(30):
-        async with open_bridge(settings) as bridge:
-            store = session_store_for(bridge, settings)
-            run_id = f"r-{uuid4().hex[:8]}"
-            token = (await bridge.claim(run_id, session_id="s-e")).token
-            await bridge.publish(run_id, "token", {"text": "lost"}, producer_token=token)
-            with fresh_redis.client() as raw:
-                assert raw.delete(keys(prefix, run_id)["log"]) == 1  # a DEL, an eviction
-            await bridge.publish_end(run_id, "success", producer_token=token)
-            (turn,) = await store.list_turns("s-e")
+    async with claimed(fresh_redis, "s-e") as run:
+        await run.publish("token", {"text": "lost"})
+        with fresh_redis.client() as raw:
+            assert raw.delete(run.keys["log"]) == 1  # a DEL, an eviction
+        await run.bridge.publish_end(run.run_id, "success", producer_token=run.token)
+        (turn,) = await run.turns("s-e")
     assert turn["text"] == ""
     assert turn["truncated"] is True
 
@@ -127,21 +135,14 @@ async def test_an_end_on_a_recreated_log_does_not_hide_lost_text(
 async def test_no_record_is_made_of_a_mark_alone(fresh_redis: RedisServer) -> None:
     """A run whose record was cleared, and whose log then lost text, gets no record
     holding only `trunc` (it would have no TTL, and stop the next claim's record)."""
-    prefix = f"b-{uuid4().hex[:8]}:"
-    settings = Settings(redis_url=fresh_redis.url, redis_key_prefix=prefix)
-    with anyio.fail_after(30):
-        async with open_bridge(settings) as bridge:
-            store = session_store_for(bridge, settings)
-            run_id = f"r-{uuid4().hex[:8]}"
-            k = keys(prefix, run_id)
-            token = (await bridge.claim(run_id, session_id="s-x")).token
-            await bridge.publish(run_id, "state", "input-required", producer_token=token)
-            await store.delete_session("s-x", retire=False)
-            await bridge.publish(run_id, "state", "running", producer_token=token)
-            await bridge.publish(run_id, "token", {"text": "a"}, producer_token=token)
-            with fresh_redis.client() as raw:
-                assert raw.hget(k["meta"], "tpend") == b"1"
-                raw.delete(k["log"])  # a DEL, an eviction
-            await bridge.publish(run_id, "state", "running", producer_token=token)  # folds
-            with fresh_redis.client() as raw:
-                assert not raw.exists(k["turn"])
+    async with claimed(fresh_redis, "s-x") as run:
+        await run.publish("state", "input-required")
+        await run.store.delete_session("s-x", retire=False)
+        await run.publish("state", "running")
+        await run.publish("token", {"text": "a"})
+        with fresh_redis.client() as raw:
+            assert raw.hget(run.keys["meta"], "tpend") == b"1"
+            raw.delete(run.keys["log"])  # a DEL, an eviction
+        await run.publish("state", "running")  # folds
+        with fresh_redis.client() as raw:
+            assert not raw.exists(run.keys["turn"])
