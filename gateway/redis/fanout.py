@@ -68,6 +68,7 @@ class RunFeed:
         self.missing = False  # the last read found no log (readers ask Redis themselves)
         self.closed = False
         self.changes = 0  # notifications seen: a reader compares it before and after a read
+        self.restarts = 0  # times a refresh found the log not what the window followed
         self.last_read = 0.0
         self.users = 0
         self._seen = False
@@ -82,10 +83,6 @@ class RunFeed:
         # Direct reads by start position (with the time each began), in flight or done
         # since the last change; a result of None means "read it yourself".
         self._reads: dict[str, tuple[asyncio.Future[Any], float]] = {}
-        # A read stopped at its batch inside the window (`check_tail`): waiting for a
-        # refresh to check the window, and the last one a refresh checked.
-        self._stop_pending: EventKey | None = None
-        self._stop_checked: EventKey | None = None
 
     # -- what subscribers see ----------------------------------------------------
 
@@ -165,22 +162,23 @@ class RunFeed:
         must not be served after a position the log does hold. The window is refreshed
         before anyone uses it again, which restarts it at the log's tail (`take`).
 
+        The window may also have taken entries while the read was in flight (the read
+        waited at the pool, or was retried on the promoted server, as notifications
+        from the old master came in; or no window had begun when it was sent): newer
+        than the tail the read found, they are checked the same way, by the refresh.
+
         `stopped`: the read stopped at its batch there, short of the tail. Inside the
         window, the reader goes on from the window, whose entries after it the read
         did not see; the refresh made before that checks that the window's newest id is
-        still in the log (one read per such reader, which was far behind anyway)."""
-        if newest is None:
-            return
-        if tail < newest:
+        still in the log (one read per such reader, which was far behind anyway; the
+        readers of one shared read share it while none has refreshed yet)."""
+        current = self.newest
+        if newest is not None and tail < newest:
             self.mark_stale()
-        elif (
-            stopped is not None
-            and self._base_key <= stopped < newest
-            # (once per stop: the readers of one shared read cost one refresh, not each)
-            and stopped != self._stop_checked
-        ):
-            self._stop_pending = stopped
-            self.stale = True
+        elif current is not None and tail < current:
+            self.stale = True  # grown during the read: its head is checked first
+        elif stopped is not None and current is not None and self._base_key <= stopped < current:
+            self.stale = True  # (a refresh already due covers every reader stopped here)
 
     def forget_reads(self) -> None:
         """The log is gone (a read found it missing, or this process removed it): shared
@@ -259,14 +257,11 @@ class RunFeed:
                 yield False
                 return
             self.stale = False
-            pending = self._stop_pending
             try:
                 yield True
             except BaseException:
                 self.stale = True
                 raise
-            else:
-                self._stop_checked = pending
             finally:
                 self.last_read = time.monotonic()
                 self.wake()
@@ -288,14 +283,14 @@ class RunFeed:
             # window between two reads, or a log removed and written again): restart the
             # window at the floor; subscribers behind it find their gap in Redis.
             assert read.bounds.floor is not None
-            self._reset(format_key(read.bounds.floor))
+            self._restart(format_key(read.bounds.floor))
             return True
         if unvouched(self._head_key, read.bounds, read.found):
             # The log no longer holds the feed's head: it went backwards (a failover to a
             # replica that missed the newest entries, a restart that lost them). Restart
             # the window at the log's newest entry; each reader whose position the log no
             # longer holds finds its gap in Redis (`after` sends it there).
-            self._reset(read.tail.id if read.tail is not None and read.tail.id else "0-0")
+            self._restart(read.tail.id if read.tail is not None and read.tail.id else "0-0")
             return True
         for entry in read.entries:
             self._append(entry)
@@ -321,6 +316,16 @@ class RunFeed:
             del self._keys_window[:excess]
             self.base = dropped
             self._base_key = parse_cursor(dropped)
+
+    def _restart(self, start: str) -> None:
+        """The log is not what the window followed (it went backwards, or on past the
+        window's head): begin again at `start`, as after a change. Reads shared from
+        before would serve what the log no longer holds (`restarts` tells the process's
+        other shared reads, `Reads.refresh`)."""
+        self._reset(start)
+        self._reads.clear()
+        self.changes += 1
+        self.restarts += 1
 
     def _reset(self, start: str) -> None:
         self.items.clear()

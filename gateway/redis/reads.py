@@ -185,10 +185,11 @@ class Reads:
 
     async def refresh(self, feed: RunFeed) -> None:
         """Pull everything new since the feed's head into its window."""
+        restarts = feed.restarts
         async with feed.refreshing() as mine:
             while mine and feed.take(await self.read(feed.keys, feed.head), READ_BATCH):
                 pass
-        if feed.missing:
+        if feed.missing or feed.restarts != restarts:
             self.forget(feed.keys)  # (the feed dropped its own shared reads: `take`)
 
     async def event_bounds(self, keys: RunKeys) -> tuple[str | None, str | None]:

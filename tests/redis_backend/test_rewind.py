@@ -17,6 +17,7 @@ clock_gettime during jemalloc's start-up.)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from gateway.bridge.provider import open_bridge
 from gateway.bridge.rules import READ_BATCH
 from gateway.cursor import EPOCH_SPAN, parse_cursor
 from gateway.errors import BackendUnavailable
+from gateway.redis import fanout
 from gateway.redis.keys import run_keys
 from gateway.settings import Settings
 from gateway.values import End, Heartbeat, StreamEvent, StreamGap, StreamItem
@@ -269,6 +271,179 @@ async def test_a_read_stopped_at_the_batch_inside_the_window_does_not_go_on_from
                 got = await _until_heartbeat(resumed)
             assert [i.id for i in got if isinstance(i, StreamEvent)] == [*kept, later]
             assert isinstance(got[-1], Heartbeat)
+    finally:
+        raw.close()
+        server.close()
+
+
+async def test_a_stop_checked_before_a_rewind_is_checked_again(
+    key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader whose read stops at S checks the window even though an earlier reader,
+    before the log went backwards, stopped at S too (once per stop position was a skip
+    for ever)."""
+    # B reads for itself, sharing nothing with the earlier reader's reads
+    monkeypatch.setattr(fanout, "SHARED_READ_SECONDS", 0.0)
+    server = RedisServer("--appendonly", "no", "--save", "")
+    server.start()
+    raw = server.client()
+    keys = run_keys(key_prefix, "rc")
+    settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix, lease_seconds=120)
+    kept_count = READ_BATCH + 88
+    try:
+        async with open_bridge(settings) as bridge:
+            claim = await bridge.claim("rc")
+            first = (await bridge.publish("rc", "t", -1, producer_token=claim.token)).ids[0]
+            live = bridge.subscribe("rc", None, heartbeat_interval=5)
+            with anyio.fail_after(20):
+                assert [e.id async for e in _events(live, 1)] == [first]
+                kept = list(
+                    (
+                        await bridge.publish_many(
+                            "rc", [("t", i) for i in range(kept_count)], producer_token=claim.token
+                        )
+                    ).ids
+                )
+                snapshot = {key: raw.dump(key) for key in (keys.log, keys.meta)}
+                lost = list(
+                    (
+                        await bridge.publish_many(
+                            "rc", [("t", i) for i in range(5)], producer_token=claim.token
+                        )
+                    ).ids
+                )
+                assert [e.id async for e in _events(live, kept_count + 5)] == kept + lost
+                # An earlier reader from the same cursor, before the failover: its read
+                # stops at the same id S, and the refresh records S as checked.
+                before = bridge.subscribe("rc", first, heartbeat_interval=0.3)
+                got = [e.id async for e in _events(before, kept_count + 5)]
+                assert got == kept + lost  # (closed before its heartbeat: no idle mark)
+                await before.aclose()
+            for key, value in snapshot.items():
+                raw.restore(key, 0, value, replace=True)
+            ms, seq = parse_cursor(lost[-1])
+            later = f"{ms + 1}-{seq}"
+            raw.xadd(keys.log, {"e": "t", "d": "99"}, id=later)
+
+            resumed = bridge.subscribe("rc", first, heartbeat_interval=0.3)
+            with anyio.fail_after(10):
+                got = await _until_heartbeat(resumed)
+            ids = [i.id for i in got if isinstance(i, StreamEvent)]
+            assert not set(ids) & set(lost), f"served lost ids: {[i for i in ids if i in lost]}"
+            assert ids == [*kept, later]
+    finally:
+        raw.close()
+        server.close()
+
+
+async def test_entries_the_window_took_during_a_read_are_checked(key_prefix: str) -> None:
+    """Entries the window took while a reader's read was in flight (a read queued at
+    the pool, or retried on the promoted server, across the failover) are checked
+    against the log before the reader goes on from the window."""
+    server = RedisServer("--appendonly", "no", "--save", "")
+    server.start()
+    raw = server.client()
+    keys = run_keys(key_prefix, "ra")
+    settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix, lease_seconds=120)
+    try:
+        async with open_bridge(settings) as bridge:
+            claim = await bridge.claim("ra")
+            kept = list(
+                (
+                    await bridge.publish_many(
+                        "ra", [("t", i) for i in range(3)], producer_token=claim.token
+                    )
+                ).ids
+            )
+            snapshot = {key: raw.dump(key) for key in (keys.log, keys.meta)}
+            live = bridge.subscribe("ra", None, heartbeat_interval=5)
+            with anyio.fail_after(10):
+                assert [e.id async for e in _events(live, 3)] == kept
+
+            reads = bridge._reads
+            real_read = reads.read
+            entered, release = asyncio.Event(), asyncio.Event()
+
+            async def gated(k: Any, after: str) -> Any:
+                if asyncio.current_task() is holder[0] and not release.is_set():
+                    entered.set()
+                    await release.wait()  # the read in flight across the failover
+                return await real_read(k, after)
+
+            reads.read = gated
+            holder: list[Any] = [None]
+            resumed = bridge.subscribe("ra", kept[-1], heartbeat_interval=0.3)
+            task = asyncio.ensure_future(_until_heartbeat(resumed))
+            holder[0] = task
+            with anyio.fail_after(10):
+                await entered.wait()  # newest noted: kept[-1]
+                lost = [
+                    (await bridge.publish("ra", "t", i, producer_token=claim.token)).ids[0]
+                    for i in (3, 4)
+                ]
+                assert [e.id async for e in _events(live, 2)] == lost  # the window has them
+            for key, value in snapshot.items():
+                raw.restore(key, 0, value, replace=True)
+            release.set()  # the read now finds the log at kept[-1]
+            with anyio.fail_after(10):
+                got = await task
+            assert [type(i) for i in got] == [Heartbeat], got
+    finally:
+        raw.close()
+        server.close()
+
+
+async def test_a_rewind_found_by_a_refresh_drops_shared_reads(key_prefix: str) -> None:
+    """A refresh that finds the window's head gone restarts the window and drops the
+    shared reads: a reader at a kept position within SHARED_READ_SECONDS of an earlier
+    read there is not handed the lost entries."""
+    server = RedisServer("--appendonly", "no", "--save", "")
+    server.start()
+    raw = server.client()
+    keys = run_keys(key_prefix, "rd")
+    settings = Settings(redis_url=server.url, redis_key_prefix=key_prefix, lease_seconds=120)
+    kept_count = READ_BATCH + 88
+    try:
+        async with open_bridge(settings) as bridge:
+            claim = await bridge.claim("rd")
+            first = (await bridge.publish("rd", "t", -1, producer_token=claim.token)).ids[0]
+            live = bridge.subscribe("rd", None, heartbeat_interval=5)
+            with anyio.fail_after(20):
+                assert [e.id async for e in _events(live, 1)] == [first]
+                kept = list(
+                    (
+                        await bridge.publish_many(
+                            "rd", [("t", i) for i in range(kept_count)], producer_token=claim.token
+                        )
+                    ).ids
+                )
+                snapshot = {key: raw.dump(key) for key in (keys.log, keys.meta)}
+                lost = list(
+                    (
+                        await bridge.publish_many(
+                            "rd", [("t", i) for i in range(5)], producer_token=claim.token
+                        )
+                    ).ids
+                )
+                assert [e.id async for e in _events(live, kept_count + 5)] == kept + lost
+                x = bridge.subscribe("rd", kept[-1], heartbeat_interval=5)
+                assert [e.id async for e in _events(x, 5)] == lost  # its read is shared
+                await x.aclose()
+            for key, value in snapshot.items():
+                raw.restore(key, 0, value, replace=True)
+            ms, seq = parse_cursor(lost[-1])
+            later = f"{ms + 1}-{seq}"
+            raw.xadd(keys.log, {"e": "t", "d": "99"}, id=later)
+            b = bridge.subscribe("rd", first, heartbeat_interval=0.3)
+            with anyio.fail_after(10):
+                got = [e.id async for e in _events(b, kept_count + 1)]
+            assert got == [*kept, later]  # the stop check found the rewind
+            await b.aclose()  # (before its heartbeat: no idle mark)
+            c = bridge.subscribe("rd", kept[-1], heartbeat_interval=0.3)
+            with anyio.fail_after(10):
+                got = await _until_heartbeat(c)
+            ids = [i.id for i in got if isinstance(i, StreamEvent)]
+            assert ids == [later], got
     finally:
         raw.close()
         server.close()
