@@ -45,9 +45,8 @@ BENCH_SCRIPTS := bridge_publish publish_call bridge_fanout bridge_resume sse_mem
 	http_publish producer_client sse_sweep sessions_index cluster_notifications workers \
 	redis_connections
 
-bench: bootstrap
-	@$(VENV)/python -c "import matplotlib, pyinstrument" 2>/dev/null || \
-		$(VENV)/python -m pip install -q --isolated -r requirements/all.txt
+bench:
+	scripts/bootstrap bench
 	@set -e; for f in $(BENCH_SCRIPTS); do \
 		echo "== bench/$$f.py"; \
 		if [ "$$f" = sessions_index ]; then $(VENV)/python "bench/$$f.py"; \
