@@ -21,7 +21,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sse_load import Fanout, baseline_proc, free_port, gateway_proc, http_fanout, raise_nofile
+from sse_load import Fanout, Proc, baseline_proc, free_port, gateway_proc, http_fanout, raise_nofile
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
@@ -40,11 +40,12 @@ def main(quick: bool) -> None:
     raise_nofile()
     scale = 1 if quick else 3
     logs = Path(tempfile.mkdtemp(prefix="bench-sse-memory-"))
-    servers = {
-        "gateway": gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log"),
-        "sse-starlette": baseline_proc("memory", free_port(), SERVER_CPU, logs / "baseline.log"),
-    }
-    try:
+    servers: dict[str, Proc] = {}
+    try:  # (a server that fails to start stops the ones started before it)
+        servers["gateway"] = gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log")
+        servers["sse-starlette"] = baseline_proc(
+            "memory", free_port(), SERVER_CPU, logs / "baseline.log"
+        )
         for server in servers.values():  # warm-up: imports, first connections
             http_fanout(server, 1, 10, 200, cpus=LOAD_CPU)
 

@@ -131,11 +131,14 @@ def main(quick: bool) -> None:
         assert srv.proc is not None
         pin(srv.proc.pid, LOAD_CPU)
         ctl = redis.Redis.from_url(srv.url, client_name="bench-control")
-        servers = {
-            "gateway": gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log", srv.url),
-            "naive": baseline_proc("redis", free_port(), SERVER_CPU, logs / "naive.log", srv.url),
-        }
-        try:
+        servers: dict[str, Proc] = {}
+        try:  # (a server that fails to start stops the ones started before it)
+            servers["gateway"] = gateway_proc(
+                free_port(), SERVER_CPU, logs / "gateway.log", srv.url
+            )
+            servers["naive"] = baseline_proc(
+                "redis", free_port(), SERVER_CPU, logs / "naive.log", srv.url
+            )
             prepare, produce = redis_producer(srv.url, 100)
             for server in servers.values():  # warm-up
                 http_fanout(server, 2, 5, 100, prepare=prepare, produce=produce, cpus=LOAD_CPU)

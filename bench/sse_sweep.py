@@ -20,7 +20,16 @@ import csv
 import tempfile
 from pathlib import Path
 
-from sse_load import ROOT, Fanout, baseline_proc, free_port, gateway_proc, http_fanout, raise_nofile
+from sse_load import (
+    ROOT,
+    Fanout,
+    Proc,
+    baseline_proc,
+    free_port,
+    gateway_proc,
+    http_fanout,
+    raise_nofile,
+)
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
@@ -31,14 +40,15 @@ RESULTS = ROOT / "bench" / "results"
 def main(quick: bool) -> None:
     raise_nofile()
     logs = Path(tempfile.mkdtemp(prefix="bench-sse-sweep-"))
-    servers = {
-        "gateway": gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log"),
-        "sse-starlette": baseline_proc("memory", free_port(), SERVER_CPU, logs / "baseline.log"),
-    }
     deliveries = 100_000 if quick else 300_000
     seconds = 2 if quick else 4
     rows: list[dict[str, float | str]] = []
-    try:
+    servers: dict[str, Proc] = {}
+    try:  # (a server that fails to start stops the ones started before it)
+        servers["gateway"] = gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log")
+        servers["sse-starlette"] = baseline_proc(
+            "memory", free_port(), SERVER_CPU, logs / "baseline.log"
+        )
         for server in servers.values():
             http_fanout(server, 1, 10, 200, cpus=LOAD_CPU)  # warm-up
         print(f"{'subs':>6} {'server':<14} {'events/s':>10} {'p99 @50/s':>10} {'p50 @50/s':>10}")
