@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +153,14 @@ def baseline_proc(
     if redis_url:
         argv += ["--redis-url", redis_url]
     return Proc(argv, port, cpus, log)
+
+
+@contextlib.contextmanager
+def started(starts: dict[str, Callable[[], Proc]]) -> Iterator[dict[str, Proc]]:
+    """The servers `starts` makes, by name, started in order; every one that started is
+    stopped on leaving, also when a later one fails to start."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(start()) for name, start in starts.items()}
 
 
 def socket_inodes(pid: int) -> set[str]:

@@ -21,7 +21,15 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sse_load import Fanout, Proc, baseline_proc, free_port, gateway_proc, http_fanout, raise_nofile
+from sse_load import (
+    Fanout,
+    baseline_proc,
+    free_port,
+    gateway_proc,
+    http_fanout,
+    raise_nofile,
+    started,
+)
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
@@ -40,12 +48,14 @@ def main(quick: bool) -> None:
     raise_nofile()
     scale = 1 if quick else 3
     logs = Path(tempfile.mkdtemp(prefix="bench-sse-memory-"))
-    servers: dict[str, Proc] = {}
-    try:  # (a server that fails to start stops the ones started before it)
-        servers["gateway"] = gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log")
-        servers["sse-starlette"] = baseline_proc(
-            "memory", free_port(), SERVER_CPU, logs / "baseline.log"
-        )
+    with started(
+        {
+            "gateway": lambda: gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log"),
+            "sse-starlette": lambda: baseline_proc(
+                "memory", free_port(), SERVER_CPU, logs / "baseline.log"
+            ),
+        }
+    ) as servers:
         for server in servers.values():  # warm-up: imports, first connections
             http_fanout(server, 1, 10, 200, cpus=LOAD_CPU)
 
@@ -78,9 +88,6 @@ def main(quick: bool) -> None:
                 events = 3 * rate * scale
                 f = http_fanout(server, 1, subscribers, events, rate=rate, cpus=LOAD_CPU)
                 print(_line(name, f))
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from sse_load import (
     raise_nofile,
     redis_connections_of,
     redis_cpu,
+    started,
 )
 
 from gateway import RedisStreamBridge, Settings
@@ -131,14 +132,16 @@ def main(quick: bool) -> None:
         assert srv.proc is not None
         pin(srv.proc.pid, LOAD_CPU)
         ctl = redis.Redis.from_url(srv.url, client_name="bench-control")
-        servers: dict[str, Proc] = {}
-        try:  # (a server that fails to start stops the ones started before it)
-            servers["gateway"] = gateway_proc(
-                free_port(), SERVER_CPU, logs / "gateway.log", srv.url
-            )
-            servers["naive"] = baseline_proc(
-                "redis", free_port(), SERVER_CPU, logs / "naive.log", srv.url
-            )
+        with started(
+            {
+                "gateway": lambda: gateway_proc(
+                    free_port(), SERVER_CPU, logs / "gateway.log", srv.url
+                ),
+                "naive": lambda: baseline_proc(
+                    "redis", free_port(), SERVER_CPU, logs / "naive.log", srv.url
+                ),
+            }
+        ) as servers:
             prepare, produce = redis_producer(srv.url, 100)
             for server in servers.values():  # warm-up
                 http_fanout(server, 2, 5, 100, prepare=prepare, produce=produce, cpus=LOAD_CPU)
@@ -169,9 +172,6 @@ def main(quick: bool) -> None:
                 print(_line(name, results[name]))
             ratio = results["gateway"].rate / results["naive"].rate
             print(f"  ratio gateway/naive: {ratio:.2f}  (target >= 3)")
-        finally:
-            for server in servers.values():
-                server.stop()
 
 
 if __name__ == "__main__":

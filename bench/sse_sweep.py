@@ -23,12 +23,12 @@ from pathlib import Path
 from sse_load import (
     ROOT,
     Fanout,
-    Proc,
     baseline_proc,
     free_port,
     gateway_proc,
     http_fanout,
     raise_nofile,
+    started,
 )
 
 SERVER_CPU = {0}
@@ -43,12 +43,14 @@ def main(quick: bool) -> None:
     deliveries = 100_000 if quick else 300_000
     seconds = 2 if quick else 4
     rows: list[dict[str, float | str]] = []
-    servers: dict[str, Proc] = {}
-    try:  # (a server that fails to start stops the ones started before it)
-        servers["gateway"] = gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log")
-        servers["sse-starlette"] = baseline_proc(
-            "memory", free_port(), SERVER_CPU, logs / "baseline.log"
-        )
+    with started(
+        {
+            "gateway": lambda: gateway_proc(free_port(), SERVER_CPU, logs / "gateway.log"),
+            "sse-starlette": lambda: baseline_proc(
+                "memory", free_port(), SERVER_CPU, logs / "baseline.log"
+            ),
+        }
+    ) as servers:
         for server in servers.values():
             http_fanout(server, 1, 10, 200, cpus=LOAD_CPU)  # warm-up
         print(f"{'subs':>6} {'server':<14} {'events/s':>10} {'p99 @50/s':>10} {'p50 @50/s':>10}")
@@ -70,9 +72,6 @@ def main(quick: bool) -> None:
                     f"{n:>6} {name:<14} {peak.rate:>10,.0f} {paced.p99_ms:>8.1f}ms"
                     f" {paced.p50_ms:>8.1f}ms"
                 )
-    finally:
-        for server in servers.values():
-            server.stop()
     RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "sse_sweep.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
