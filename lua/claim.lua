@@ -54,7 +54,7 @@ redis.call('HSET', KEYS[1],
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 if session ~= '' and session == ARGV[4] and ARGV[6] ~= '' then
-  local ok, opened = pcall(turn_open, KEYS[3], session, ARGV[6], ARGV[7], now, ARGV[5])
+  local ok, opened = pcall(turn_library().open, KEYS[3], session, ARGV[6], ARGV[7], now, ARGV[5])
   if not ok then
     redis.log(redis.LOG_WARNING, 'turn record not opened: ' .. tostring(opened))
   elseif opened and ((run_tpend or '0') ~= '0' or (run_tpark or '0') ~= '0') then

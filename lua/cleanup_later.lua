@@ -19,7 +19,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 --! read run KEYS[1] tpend tfold
 if KEYS[3] and tonumber(run_tpend or '0') > 0 then
-  turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], run_tfold or '0-0',
+  local turn = turn_library()
+  turn.guarded(turn.fold_pending, KEYS[3], KEYS[4], KEYS[2], run_tfold or '0-0',
     tonumber(run_tpend))
   redis.call('HSET', KEYS[1], 'tpend', '0')
 end

@@ -332,23 +332,24 @@ local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 -- the run's keys (no TTL), and text waiting in the log would expire with them.
 local pending = nil  -- the record's new `tpend`, `tfold` and `tpark`, when they move
 if run_session and run_session ~= '' and KEYS[3] then
+  local turn = turn_library()
   local pend, after = tonumber(run_tpend or '0'), run_tfold
   local at_once, deferred, moves = {}, false, false
   local parked = run_tpark == '1'
   for i = FIRST + 2 * skip, #ARGV, 2 do
-    if TURN_DEFERRED[ARGV[i]] and not parked then
+    if turn.DEFERRED[ARGV[i]] and not parked then
       deferred = true
     else
       at_once[#at_once + 1] = {ARGV[i], ARGV[i + 1], now}
       moves = moves or ARGV[i] == 'state' or ARGV[i] == 'status'
     end
   end
-  turn_guarded(turn_fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
+  turn.guarded(turn.fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
   if pend == 0 and deferred then after = tail and tail[1] or '0-0' end
   if pend > 0 or deferred then
     pend = pend + count
-    if pend >= TURN_FOLD_EVERY or moves or trimming or remove_at > 0 then
-      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], after, pend)
+    if pend >= turn.FOLD_EVERY or moves or trimming or remove_at > 0 then
+      turn.guarded(turn.fold_pending, KEYS[3], KEYS[4], KEYS[2], after, pend)
       pend = 0
     end
   end
@@ -358,8 +359,8 @@ if run_session and run_session ~= '' and KEYS[3] then
     pending = {'tpend', '0'}
   end
   if moves then  -- (the pending text is folded: none waits while parked)
-    local now_parked = TURN_PARKED[redis.call('HGET', KEYS[3], TURN_FIELD.state) or ''] and '1'
-      or '0'
+    local state = redis.call('HGET', KEYS[3], turn.FIELD.state) or ''
+    local now_parked = turn.PARKED[state] and '1' or '0'
     if now_parked ~= (run_tpark or '0') then
       pending = pending or {}
       pending[#pending + 1] = 'tpark'

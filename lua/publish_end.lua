@@ -51,13 +51,14 @@ local function settle(end_id, status, by)
   if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[3]) end
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
   if KEYS[3] then
+    local turn = turn_library()
     -- the text still pending in the log first (turn_fold.lua), then the END
     if tonumber(run_tpend or '0') > 0 then
-      turn_guarded(turn_fold_pending, KEYS[3], KEYS[4], KEYS[2], run_tfold or '0-0',
+      turn.guarded(turn.fold_pending, KEYS[3], KEYS[4], KEYS[2], run_tfold or '0-0',
         tonumber(run_tpend))
       redis.call('HSET', KEYS[1], 'tpend', '0')
     end
-    turn_guarded(turn_end, KEYS[3], KEYS[4], status, now, ARGV[6])
+    turn.guarded(turn.finish, KEYS[3], KEYS[4], status, now, ARGV[6])
   end
   local remove_at = tonumber(run_remove_at or '0')
   if remove_at > now and remove_at - now < tonumber(ARGV[5]) then

@@ -8,7 +8,8 @@
 --! include turn_fold
 --! read run KEYS[3] tpend tfold
 if tonumber(run_tpend or '0') > 0 then
-  turn_guarded(turn_fold_pending, KEYS[1], KEYS[2], KEYS[4], run_tfold or '0-0',
+  local turn = turn_library()
+  turn.guarded(turn.fold_pending, KEYS[1], KEYS[2], KEYS[4], run_tfold or '0-0',
     tonumber(run_tpend))
   redis.call('HSET', KEYS[3], 'tpend', '0')
 end

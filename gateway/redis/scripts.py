@@ -78,9 +78,10 @@ def _expand(line: str) -> str:
         names = ", ".join(f"{prefix}_{field}" for field in fields)
         quoted = ", ".join(_lua_value(field) for field in fields)
         return f"{indent}local {names} = unpack(redis.call('HMGET', {key}, {quoted}))\n"
-    if line.startswith(_CONST):
-        constant = line[len(_CONST) :].strip()
-        return f"local {constant} = {_lua_value(CONSTANTS[constant])}\n"
+    if line.lstrip().startswith(_CONST):
+        indent = line[: len(line) - len(line.lstrip())]
+        constant = line.lstrip()[len(_CONST) :].strip()
+        return f"{indent}local {constant} = {_lua_value(CONSTANTS[constant])}\n"
     return line
 
 

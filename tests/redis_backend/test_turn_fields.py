@@ -27,7 +27,9 @@ WRITERS = ("claim", "publish", "publish_end")
 def test_the_loader_gives_the_scripts_the_declared_table() -> None:
     for name in WRITERS:
         line = next(
-            line for line in lua_source(name).splitlines() if line.startswith("local TURN_FIELD =")
+            line
+            for line in lua_source(name).splitlines()
+            if line.lstrip().startswith("local TURN_FIELD =")
         )
         pairs = dict(re.findall(r"(\w+) = '([^']*)'", line))
         assert pairs == turn_fields.LUA_TABLE, name
