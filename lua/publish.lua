@@ -64,22 +64,30 @@
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 
--- The run record's fields, read by name into locals run_<field> (scripts.py expands it)
+-- The batch's number; nil when unnumbered.
+local batch_seq = tonumber(ARGV[6])
+-- The run record's fields, read by name into locals run_<field> (scripts.py expands it);
+-- the numbering's only for a numbered batch, and the rare ones (`floor`, `end_id`) where
+-- they are needed: each field read costs about 1 % of a lone append's Redis time.
 --! read run KEYS[1] token lease_until status cancel lease_ms session last remove_at len
---!+ ttl_at seq_tok seq_next seq_last seq_base seq_cur seq_n floor srv ep end_id tpend tfold
---!+ tpark
+--!+ ttl_at srv ep tpend tfold tpark
+--!+ when batch_seq: seq_tok seq_next seq_last seq_base seq_cur seq_n
 local FIRST = 9  -- ARGV index of the first event's name
 if not run_token or run_token ~= ARGV[1] then
   return {'fenced', 'token'}
 end
+-- The numbering belongs to this token (see "Numbered appends" below), and the number
+-- it expects next.
+local mine = batch_seq and run_seq_tok == ARGV[1]
+local expected = mine and tonumber(run_seq_next) or 1
 -- The tail: its entry, or for a numbered batch that overlaps what was applied (a retry)
 -- only its id when nothing follows the newest event this run appended (`last`), read
 -- without loading any event (a retry's cost must not depend on the events' size; a
 -- tail that is not that event is read as always: an END, or a legacy writer's entries).
 local tail = nil
-local retry = run_seq_tok == ARGV[1] and run_last and tonumber(ARGV[6])
+local retry = mine and run_last
 local after_last = false  -- the log holds entries after `last` (an END, a legacy write)
-if retry and tonumber(ARGV[6]) < tonumber(run_seq_next) then
+if retry and batch_seq < expected then
   if #redis.call('XRANGE', KEYS[2], '(' .. run_last, '+', 'COUNT', 1) == 0 then
     if redis.call('EXISTS', KEYS[2]) == 1 then tail = {run_last} end
   else
@@ -93,7 +101,7 @@ local presumed = false
 if not retry then
   if ARGV[8] ~= '1' and run_last and not after_last then
     if run_status and run_status ~= 'running' then
-      return {'ended', run_end_id or ''}
+      return {'ended', redis.call('HGET', KEYS[1], 'end_id') or ''}
     end
     tail, presumed = {run_last}, true
   else
@@ -189,21 +197,16 @@ local function recorded_ids(cur, closed, from, want)
   return out
 end
 
-local batch_seq = tonumber(ARGV[6])
 local count = (#ARGV - FIRST + 1) / 2
 local skip = 0
 local applied = {}
-local s = nil
 if batch_seq then
-  s = {run_seq_tok, run_seq_next, run_seq_last, run_seq_base}  -- read with the record, in one HMGET
-  local mine = s[1] == ARGV[1]
-  local expected = mine and tonumber(s[2]) or 1
   if batch_seq > expected then
     return {'sequence_gap', expected}
   end
   if batch_seq < expected then
     local lookback = expected - batch_seq
-    if batch_seq < tonumber(s[4]) or lookback > LOOKBACK then
+    if batch_seq < tonumber(run_seq_base) or lookback > LOOKBACK then
       return {'sequence_conflict', expected}
     end
     skip = math.min(count, lookback)
@@ -211,6 +214,7 @@ if batch_seq then
     if #applied < skip or not tail then
       return {'sequence_conflict', expected}
     end
+    local run_floor = redis.call('HGET', KEYS[1], 'floor')
     if run_floor then  -- the first of them must be newer than the log's floor
       local ms, part = id_parts(applied[1])
       local fms, fpart = id_parts(run_floor)
@@ -241,6 +245,7 @@ local prev = tail and tail[1] or run_last
 local in_log = tail ~= nil
 
 local reply = {'ok', run_cancel == '1' and 1 or 0, run_session or ''}
+local push_limit = tonumber(ARGV[4])
 local push = {}
 local push_bytes = 0
 local runs = {}  -- numbered: the new ids as runs of consecutive ones, {ms, part, count}
@@ -272,7 +277,7 @@ for i = FIRST + 2 * skip, #ARGV, 2 do
     end
   end
   push_bytes = push_bytes + #ARGV[i + 1]
-  if push_bytes <= tonumber(ARGV[4]) then
+  if push_bytes <= push_limit then
     push[#push + 1] = string.format('%s %s %d\n', id, ARGV[i], #ARGV[i + 1]) .. ARGV[i + 1]
   end
 end
@@ -280,17 +285,23 @@ local last = reply[#reply]
 
 local numbering = nil
 if batch_seq then
-  -- The numbered run goes on while nothing else was appended since its newest event.
+  -- The numbered run goes on while nothing else was appended since its newest event
+  -- (then its token and base stay as they are); else it starts at this batch.
+  -- (Written with the record's other fields, in the one HSET below; a field that keeps
+  -- its value is not written again.)
   local first_new = batch_seq + skip
-  local base = first_new
-  if s[1] == ARGV[1] and run_last == s[3] then base = tonumber(s[4]) end
-  -- (written with the record's other fields, in the one HSET below)
-  numbering = {'seq_tok', ARGV[1], 'seq_next', string.format('%d', first_new + count),
-    'seq_last', last, 'seq_base', string.format('%d', base)}
+  numbering = {'seq_next', string.format('%d', first_new + count), 'seq_last', last}
+  if not (mine and run_last == run_seq_last) then
+    numbering[#numbering + 1] = 'seq_tok'
+    numbering[#numbering + 1] = ARGV[1]
+    numbering[#numbering + 1] = 'seq_base'
+    numbering[#numbering + 1] = string.format('%d', first_new)
+  end
   -- The record: these ids join the open bucket (a new numbering starts a new record),
   -- which closes into the ring once it holds SEQ_BUCKET events.
   local cur, closed = '', 0
-  if s[1] == ARGV[1] then cur, closed = run_seq_cur or '', tonumber(run_seq_n or '0') end
+  if mine then cur, closed = run_seq_cur or '', tonumber(run_seq_n or '0') end
+  local closes = not mine  -- seq_n is written: a new numbering's, or a closing bucket's
   if cur == '' then cur = string.format('%d:%d', first_new, runs[1][1]) end
   local bucket_base = tonumber(string.match(cur, ':(%d+)'))
   local parts = {cur}
@@ -301,12 +312,14 @@ if batch_seq then
   if first_new + count - bucket_start(cur) >= SEQ_BUCKET then
     numbering[#numbering + 1] = 'sq' .. (closed % SEQ_BUCKETS)
     numbering[#numbering + 1] = cur
-    cur, closed = '', closed + 1
+    cur, closed, closes = '', closed + 1, true
   end
   numbering[#numbering + 1] = 'seq_cur'
   numbering[#numbering + 1] = cur
-  numbering[#numbering + 1] = 'seq_n'
-  numbering[#numbering + 1] = string.format('%d', closed)
+  if closes then
+    numbering[#numbering + 1] = 'seq_n'
+    numbering[#numbering + 1] = string.format('%d', closed)
+  end
   if skip > 0 then
     -- The reply lists every event of the batch: first-assigned ids, then the new ones.
     local full = {'overlap', reply[2], reply[3], skip}
@@ -320,7 +333,7 @@ local maxlen = tonumber(ARGV[2])
 local length = (tail and tonumber(run_len or '0') or 0) + count
 local trimming = length > maxlen + tonumber(ARGV[5])
 local ttl = tonumber(ARGV[3])
-local remove_at = tonumber(run_remove_at or '0')
+local remove_at = run_remove_at and tonumber(run_remove_at) or 0
 local ttl_at = tonumber(run_ttl_at or '0')
 local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 
@@ -383,9 +396,13 @@ if floor then
   redis.call('XSETID', KEYS[2], last, 'MAXDELETEDID', floor)
 end
 
+local updated = string.format('%d', now)
 local record = {'lease_until', string.format('%d', now + tonumber(run_lease_ms)),
-  'updated', string.format('%d', now), 'last', last, 'len', string.format('%d', length),
-  'ttl_at', string.format('%d', refresh and now or ttl_at)}
+  'updated', updated, 'last', last, 'len', string.format('%d', length)}
+if refresh then
+  record[#record + 1] = 'ttl_at'
+  record[#record + 1] = updated
+end
 if numbering then
   for i = 1, #numbering do record[#record + 1] = numbering[i] end
 end
