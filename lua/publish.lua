@@ -345,29 +345,36 @@ local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 -- the run's keys (no TTL), and text waiting in the log would expire with them.
 local pending = nil  -- the record's new `tpend`, `tfold` and `tpark`, when they move
 if run_session and run_session ~= '' and KEYS[3] then
-  local turn = turn_library()
+  local turn = nil  -- the library, made only by a call that folds or renews the record
   local pend, after = tonumber(run_tpend or '0'), run_tfold
   local at_once, deferred, moves = {}, false, false
   local parked = run_tpark == '1'
   for i = FIRST + 2 * skip, #ARGV, 2 do
-    if turn.DEFERRED[ARGV[i]] and not parked then
+    if turn_deferred(ARGV[i]) and not parked then
       deferred = true
     else
       at_once[#at_once + 1] = {ARGV[i], ARGV[i + 1], now}
       moves = moves or ARGV[i] == 'state' or ARGV[i] == 'status'
     end
   end
-  turn.guarded(turn.fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
+  if #at_once > 0 or refresh then  -- (else folding nothing, it would change nothing)
+    turn = turn_library()
+    turn.guarded(turn.fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
+  end
   if pend == 0 and deferred then after = tail and tail[1] or '0-0' end
   if pend > 0 or deferred then
     pend = pend + count
-    if pend >= turn.FOLD_EVERY or moves or trimming or remove_at > 0 then
+    if pend >= TURN_FOLD_EVERY or moves or trimming or remove_at > 0 then
+      turn = turn or turn_library()
       turn.guarded(turn.fold_pending, KEYS[3], KEYS[4], KEYS[2], after, pend)
       pend = 0
     end
   end
   if pend > 0 then
-    pending = {'tpend', string.format('%d', pend), 'tfold', after}
+    pending = {'tpend', string.format('%d', pend)}
+    if after ~= run_tfold then  -- (a field that keeps its value is not written again)
+      pending[3], pending[4] = 'tfold', after
+    end
   elseif run_tpend and run_tpend ~= '0' then
     pending = {'tpend', '0'}
   end

@@ -18,6 +18,25 @@
 -- Retention follows the run: the run's rolling TTL while running, none while parked on
 -- the operator, the ended record TTL after END.
 --
+-- The text events' fold is deferred (a token then costs the record no command): the
+-- run record keeps `tpend`, how many log entries follow `tfold` (the newest entry whose
+-- text is in the record) while any is pending, and the pending text is folded from the
+-- log, at most TURN_FOLD_EVERY entries behind: by the append that reaches that many, by
+-- one that moves the state, trims the log or writes under a scheduled removal, at END,
+-- before a removal, and by every read of the record (turn_read.lua), so no reader sees
+-- it lag the log. Text events change only text, chars, trunc and updated, which no other
+-- event reads, so folding them later gives the record they would have given at once.
+-- Not while the turn is parked (`tpark` in the run record, publish.lua): a parked record
+-- has no TTL and outlives the run's keys, so its text is folded at once; and a claim
+-- that opens a new record clears both (claim.lua).
+-- These two are made outside the library: an append of a text event decides by them
+-- alone, and makes the library only when it folds or renews the record (a function,
+-- not a table: made at every call of every script, a table costs ten times as much).
+local function turn_deferred(name)
+  return name == 'token' or name == 'text-delta' or name == 'text-set' or name == 'ui'
+end
+local TURN_FOLD_EVERY = 64
+
 -- The library is made by calling turn_library(), once per script call, by a script that
 -- touches a record and only when it does: its tables and closures, made at every call of
 -- every script that includes this file, cost a lone append about a tenth of its Redis
@@ -241,21 +260,6 @@ local function turn_library()
     if state and not TURN_ENDED[state] then turn_set_ttl(tk, xk, state, ttl) end
   end
 
-  -- The text events' fold is deferred (a token then costs the record no command): the
-  -- run record keeps `tpend`, how many log entries follow `tfold` (the newest entry whose
-  -- text is in the record) while any is pending, and the pending text is folded from the
-  -- log, at most TURN_FOLD_EVERY entries behind: by the append that reaches that many, by
-  -- one that moves the state, trims the log or writes under a scheduled removal, at END,
-  -- before a removal, and by every read of the record (turn_read.lua), so no reader sees
-  -- it lag the log. Text events change only text, chars, trunc and updated, which no other
-  -- event reads, so folding them later gives the record they would have given at once.
-  -- Not while the turn is parked (`tpark` in the run record, publish.lua): a parked record
-  -- has no TTL and outlives the run's keys, so its text is folded at once; and a claim
-  -- that opens a new record clears both (claim.lua).
-  local TURN_DEFERRED = {['token'] = true, ['text-delta'] = true, ['text-set'] = true,
-    ['ui'] = true}
-  local TURN_FOLD_EVERY = 64
-
   -- Fold the pending text of the log `lk` (entries after `after`, `pend` events) into the
   -- record, if the run has one that has not ended (none: a cleared session's; nothing to
   -- fold into, nor to mark). Fewer events in the log than pending (an END or a gateway's
@@ -271,7 +275,7 @@ local function turn_library()
       local f = entry[2]
       if f[1] == 'e' then
         found = found + 1
-        if TURN_DEFERRED[f[2]] then
+        if turn_deferred(f[2]) then
           events[#events + 1] = {f[2], f[4], tonumber(string.match(entry[1], '^(%d+)'))}
         end
       end
@@ -302,8 +306,8 @@ local function turn_library()
   end
 
   return {
-    FIELD = TURN_FIELD, PARKED = TURN_PARKED, DEFERRED = TURN_DEFERRED,
-    FOLD_EVERY = TURN_FOLD_EVERY, open = turn_open, fold_events = turn_fold_events,
-    fold_pending = turn_fold_pending, finish = turn_end, guarded = turn_guarded,
+    FIELD = TURN_FIELD, PARKED = TURN_PARKED, open = turn_open,
+    fold_events = turn_fold_events, fold_pending = turn_fold_pending, finish = turn_end,
+    guarded = turn_guarded,
   }
 end
