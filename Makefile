@@ -43,7 +43,7 @@ check: bootstrap lint types test
 # benches. Full-length runs: call a script without --quick (see BENCHMARKS.md).
 BENCH_SCRIPTS := bridge_publish publish_call bridge_fanout bridge_resume sse_memory sse_redis sse_idle sse_reconnect \
 	http_publish producer_client sse_sweep sessions_index cluster_notifications workers \
-	redis_connections
+	redis_connections lua_cost
 
 bench:
 	scripts/bootstrap bench

@@ -20,7 +20,7 @@ Two measures:
                   zeroed before and dumped after each case): the same for the same code
                   and input on any machine, the protocol's reading and writing included
 
-Run: .venv/bin/python bench/lua_cost.py [--calls N] [--rounds R] [--instructions]
+Run: .venv/bin/python bench/lua_cost.py [--calls N] [--rounds R] [--instructions] [--quick]
 (A/B: `PYTHONPATH=<checkout>` replays another commit's scripts.)
 """
 
@@ -239,7 +239,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=None, help="20000 (2000 with --instructions)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="1 round of 5000 calls (make bench)")
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.rounds = args.calls or 5_000, 1
     if args.instructions:
         calls = args.calls or 2_000
         figures = _run_instructions(calls)
