@@ -379,6 +379,7 @@ if run_session and run_session ~= '' and KEYS[3] then
     pending = {'tpend', '0'}
   end
   if moves then  -- (the pending text is folded: none waits while parked)
+    turn = turn or turn_library()  -- (made above: a state or status event folds at once)
     local state = redis.call('HGET', KEYS[3], turn.FIELD.state) or ''
     local now_parked = turn.PARKED[state] and '1' or '0'
     if now_parked ~= (run_tpark or '0') then
