@@ -398,6 +398,59 @@ async def test_redis_numbering_state_is_bounded_in_the_run_hash(
         await client.aclose()
 
 
+async def test_redis_numbering_fields_follow_each_change_though_rewritten_only_then(
+    make_bridge: BridgeFactory, redis_url: str
+) -> None:
+    """An append writes `seq_tok`, `seq_base`, `seq_n` and `ttl_at` only when they
+    change (lua/publish.lua): a numbering that goes on keeps them, an unnumbered write
+    in between restarts the numbering's base, a takeover restarts all of it, a bucket
+    that closes moves `seq_n`, and the TTL's time moves only when it is refreshed."""
+    if make_bridge.backend != "redis":
+        pytest.skip("Redis layout")
+    from redis.asyncio import Redis
+
+    from gateway.redis.scripts import CONSTANTS
+
+    bucket = CONSTANTS["SEQ_BUCKET"]
+    client = Redis.from_url(redis_url, decode_responses=True)
+    names = ["seq_tok", "seq_base", "seq_next", "seq_n", "ttl_at", "last", "seq_last"]
+
+    async def fields(meta: str) -> dict[str, str | None]:
+        return dict(zip(names, await client.hmget(meta, names), strict=True))
+
+    try:
+        async with make_bridge() as bridge:
+            run_id = new_run_id()
+            meta = f"{make_bridge.key_prefix}{{{run_id}}}:meta"
+            old = (await bridge.claim(run_id, lease_seconds=30)).token
+            for seq in range(1, bucket + 9):  # one bucket closes, the next holds 8
+                await bridge.publish_many(run_id, batch(seq), producer_token=old, seq=seq)
+            first = await fields(meta)
+            assert first["seq_tok"] == old and first["seq_base"] == "1"
+            assert first["seq_next"] == str(bucket + 9) and first["seq_n"] == "1"
+            assert first["seq_last"] == first["last"] and first["ttl_at"] is not None
+
+            await bridge.publish(run_id, "tok", {"n": 0}, producer_token=old)
+            between = await fields(meta)
+            assert {k: between[k] for k in names[:5]} == {k: first[k] for k in names[:5]}
+            assert between["last"] != between["seq_last"]
+
+            await bridge.publish_many(run_id, batch(bucket + 9), producer_token=old, seq=bucket + 9)
+            restarted = await fields(meta)
+            assert restarted["seq_tok"] == old and restarted["seq_base"] == str(bucket + 9)
+            assert restarted["seq_n"] == "1" and restarted["seq_last"] == restarted["last"]
+
+            new = (await bridge.claim(run_id, lease_seconds=30, takeover=True)).token
+            await bridge.publish_many(run_id, batch(1), producer_token=new, seq=1)
+            taken = await fields(meta)
+            assert taken["seq_tok"] == new and taken["seq_base"] == "1"
+            assert taken["seq_next"] == "2" and taken["seq_n"] == "0"
+            # Within a sixteenth of the TTL of the first append: never refreshed since.
+            assert taken["ttl_at"] == first["ttl_at"]
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.cluster
 async def test_the_overlap_rule_holds_on_a_cluster(redis_cluster: Any, key_prefix: str) -> None:
     """The look-back reads the log in the run's slot, like every other step of the
