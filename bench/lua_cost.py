@@ -241,8 +241,6 @@ def main() -> None:
     parser.add_argument("--instructions", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 round of 5000 calls (make bench)")
     args = parser.parse_args()
-    if args.quick:
-        args.calls, args.rounds = args.calls or 5_000, 1
     if args.instructions:
         calls = args.calls or 2_000
         figures = _run_instructions(calls)
@@ -250,11 +248,12 @@ def main() -> None:
         for name, values in figures.items():
             print(f"  {name:17s} {values[0]:9,.0f}")
         return
-    calls = args.calls or 20_000
-    figures = _run_usec(calls, args.rounds)
+    calls = args.calls or (5_000 if args.quick else 20_000)
+    rounds = 1 if args.quick else args.rounds
+    figures = _run_usec(calls, rounds)
     print(
         "publish.lua, Redis µs per call (EVALSHA, commands included),",
-        f"{args.rounds} rounds of {calls}:",
+        f"{rounds} rounds of {calls}:",
     )
     for name, values in figures.items():
         rounds = " ".join(f"{value:.2f}" for value in values)
