@@ -345,29 +345,36 @@ local refresh = not tail or now - ttl_at >= ttl / 16 or remove_at > 0
 -- the run's keys (no TTL), and text waiting in the log would expire with them.
 local pending = nil  -- the record's new `tpend`, `tfold` and `tpark`, when they move
 if run_session and run_session ~= '' and KEYS[3] then
-  local turn = nil  -- the library, made only by a call that folds or renews the record
   local pend, after = tonumber(run_tpend or '0'), run_tfold
   local at_once, deferred, moves = {}, false, false
   local parked = run_tpark == '1'
   for i = FIRST + 2 * skip, #ARGV, 2 do
-    if turn_deferred(ARGV[i]) and not parked then
+    if TURN_IS_TEXT(ARGV[i]) and not parked then
       deferred = true
     else
       at_once[#at_once + 1] = {ARGV[i], ARGV[i + 1], now}
       moves = moves or ARGV[i] == 'state' or ARGV[i] == 'status'
     end
   end
-  if #at_once > 0 or refresh then  -- (else folding nothing, it would change nothing)
-    turn = turn_library()
-    turn.guarded(turn.fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
-  end
   if pend == 0 and deferred then after = tail and tail[1] or '0-0' end
-  if pend > 0 or deferred then
-    pend = pend + count
-    if pend >= TURN_FOLD_EVERY or moves or trimming or remove_at > 0 then
-      turn = turn or turn_library()
+  if pend > 0 or deferred then pend = pend + count end
+  local fold_now = #at_once > 0 or refresh  -- (else folding nothing changes nothing)
+  local fold_text = pend > 0 and (pend >= TURN_FOLD_EVERY or moves or trimming or remove_at > 0)
+  local now_parked = nil
+  -- The library is made only by a call that folds or renews the record: a text event
+  -- between folds needs neither. A state or status event (`moves`) folds at once.
+  if fold_now or fold_text then
+    local turn = turn_library()
+    if fold_now then
+      turn.guarded(turn.fold_events, KEYS[3], KEYS[4], at_once, ttl, refresh)
+    end
+    if fold_text then
       turn.guarded(turn.fold_pending, KEYS[3], KEYS[4], KEYS[2], after, pend)
       pend = 0
+    end
+    if moves then  -- (the pending text is folded: none waits while parked)
+      local state = redis.call('HGET', KEYS[3], turn.FIELD.state) or ''
+      now_parked = turn.PARKED[state] and '1' or '0'
     end
   end
   if pend > 0 then
@@ -378,15 +385,10 @@ if run_session and run_session ~= '' and KEYS[3] then
   elseif run_tpend and run_tpend ~= '0' then
     pending = {'tpend', '0'}
   end
-  if moves then  -- (the pending text is folded: none waits while parked)
-    turn = turn or turn_library()  -- (made above: a state or status event folds at once)
-    local state = redis.call('HGET', KEYS[3], turn.FIELD.state) or ''
-    local now_parked = turn.PARKED[state] and '1' or '0'
-    if now_parked ~= (run_tpark or '0') then
-      pending = pending or {}
-      pending[#pending + 1] = 'tpark'
-      pending[#pending + 1] = now_parked
-    end
+  if now_parked and now_parked ~= (run_tpark or '0') then
+    pending = pending or {}
+    pending[#pending + 1] = 'tpark'
+    pending[#pending + 1] = now_parked
   end
 end
 

@@ -30,11 +30,9 @@
 -- has no TTL and outlives the run's keys, so its text is folded at once; and a claim
 -- that opens a new record clears both (claim.lua).
 -- These two are made outside the library: an append of a text event decides by them
--- alone, and makes the library only when it folds or renews the record (a function,
--- not a table: made at every call of every script, a table costs ten times as much).
-local function turn_deferred(name)
-  return name == 'token' or name == 'text-delta' or name == 'text-set' or name == 'ui'
-end
+-- alone, and makes the library only when it folds or renews the record. TURN_IS_TEXT
+-- (name -> bool) is gateway/sessions/turns.py's TEXT_EVENTS, given by the loader.
+--! const TURN_IS_TEXT
 local TURN_FOLD_EVERY = 64
 
 -- The library is made by calling turn_library(), once per script call, by a script that
@@ -53,9 +51,7 @@ local function turn_library()
     ['interrupted'] = true, ['producer_lost'] = true}
   local TURN_STATUS_MAP = {['input-required'] = 'input-required',
     ['auth-required'] = 'auth-required', ['running'] = 'running', ['working'] = 'running'}
-  local TURN_EVENTS = {['ui'] = true, ['token'] = true, ['text-delta'] = true,
-    ['text-set'] = true, ['state'] = true, ['artifact'] = true, ['status'] = true,
-    ['history'] = true, ['message'] = true}
+  --! const TURN_IS_EVENT
 
   local function turn_chars(s)
     local _, n = string.gsub(s, '[^\128-\191]', '')
@@ -235,7 +231,7 @@ local function turn_library()
     local newest = nil
     local rec = nil
     for _, ev in ipairs(events) do
-      if TURN_EVENTS[ev[1]] then
+      if TURN_IS_EVENT(ev[1]) then
         if state == nil then
           -- what a text event needs, in one read
           local got = redis.call('HMGET', tk, TURN_FIELD.state, TURN_FIELD.chars,
@@ -275,7 +271,7 @@ local function turn_library()
       local f = entry[2]
       if f[1] == 'e' then
         found = found + 1
-        if turn_deferred(f[2]) then
+        if TURN_IS_TEXT(f[2]) then
           events[#events + 1] = {f[2], f[4], tonumber(string.match(entry[1], '^(%d+)'))}
         end
       end

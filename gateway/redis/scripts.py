@@ -12,6 +12,7 @@ from redis.commands.core import AsyncScript
 
 from ..cursor import EPOCH_SPAN
 from ..sequence import MAX_LOOKBACK
+from ..sessions import turns
 from . import turn_fields
 
 _PACKAGED = Path(__file__).resolve().parent.parent / "lua"  # installed wheel
@@ -42,6 +43,8 @@ CONSTANTS: Final = {
     "SEQ_BUCKET": SEQ_BUCKET,
     "SEQ_BUCKETS": -(-MAX_LOOKBACK // SEQ_BUCKET),
     "TURN_FIELD": turn_fields.LUA_TABLE,
+    "TURN_IS_EVENT": turns.TURN_EVENTS,
+    "TURN_IS_TEXT": turns.TEXT_EVENTS,
 }
 
 
@@ -51,7 +54,8 @@ def lua_source(name: str) -> str:
     `--! include <other>` replaced by the text of `lua/<other>.lua` (Redis scripts
     cannot load each other: a shared library is pasted into every script that uses it)
     and each line `--! const <NAME>` by `local <NAME> = <value>` from `CONSTANTS` (a
-    number the Python code decides by, or a table of names, given to the script from
+    number the Python code decides by, a table of names, or a set of names as a function
+    `name -> bool`, given to the script from
     its one definition), and each `--! read <prefix> <key> <field> ...` (its fields
     going on over lines `--!+ <field> ...`) by one `HMGET` of those fields into locals
     named `<prefix>_<field>`: a hash read by name, once, at no cost per call (a table
@@ -108,6 +112,11 @@ def _hmget(prefix: str, key: str, fields: list[str]) -> str:
 
 
 def _lua_value(value: object) -> str:
+    if isinstance(value, frozenset):
+        # A set of names is a membership function: scripts make their constants at every
+        # call, and a closure costs about a tenth of a table (lua/turn_fold.lua).
+        tests = " or ".join(f"name == {_lua_value(name)}" for name in sorted(value))
+        return f"function(name) return {tests} end"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {_lua_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str):

@@ -77,10 +77,12 @@ ARTIFACT_EVENTS: Final = frozenset({"artifact"})
 STATUS_EVENTS: Final = frozenset({"status"})
 HISTORY_EVENTS: Final = frozenset({"history", "message"})
 UI_CHUNK_EVENT: Final = "ui"
+# The events that change only the text (text, chars, trunc, updated), which no other
+# event reads: folding them later gives the record they would have given at once, so
+# the Redis record folds them from the log, not per token (lua/turn_fold.lua).
+TEXT_EVENTS: Final = frozenset({UI_CHUNK_EVENT}) | TEXT_APPEND_EVENTS | TEXT_SET_EVENTS
 TURN_EVENTS: Final = (
-    frozenset({UI_CHUNK_EVENT})
-    | TEXT_APPEND_EVENTS
-    | TEXT_SET_EVENTS
+    TEXT_EVENTS
     | STATE_EVENTS
     | ARTIFACT_EVENTS
     | STATUS_EVENTS
