@@ -7,10 +7,11 @@
 -- A lone token costs EVALSHA, TIME, HMGET, XADD, HSET and SPUBLISH. The END check reads
 -- the record, not the log: publish_end.lua marks the record ended in the step that
 -- appends the END, and `last` (rewritten by every append, in the one HSET) is the log's
--- newest id, so the tail is read (XREVRANGE) only when the record cannot say: the
--- legacy END scan is on (ARGV[8]: an unfenced writer's END is in the log alone), or
--- the run has appended nothing yet. A log removed under the producer is found by the
--- first XADD (NOMKSTREAM), which then goes again as on a missing log.
+-- newest id, so the log is read (XREVRANGE) only when the record cannot say: the
+-- legacy END scan is on (ARGV[8]: an unfenced writer's END is in the log alone; only
+-- entries after `last` are read), or the run has appended nothing yet. A log removed
+-- under the producer is found by the first XADD (NOMKSTREAM), which then goes again as
+-- on a missing log.
 --
 -- KEYS[1]  run meta hash      KEYS[2]  run log stream
 -- ARGV[1]  producer token
@@ -23,7 +24,7 @@
 --          the server, on a cluster), for
 --          the run's epoch (entry_id.lua)
 -- ARGV[8]  "1" when the legacy END scan is on (unfenced writers may have appended an END
---          the record does not know of: the tail is read), else "0"
+--          the record does not know of: what follows `last` is read), else "0"
 -- ARGV[9..] event name, JSON payload, event name, JSON payload, ...
 -- KEYS[3]  the run's turn record (hash)   KEYS[4]  its text (string)
 --
@@ -99,11 +100,16 @@ end
 -- From the record (see the top): an END, or the newest id, presumed still in the log.
 local presumed = false
 if not retry then
-  if ARGV[8] ~= '1' and run_last and not after_last then
+  if run_last and not after_last then
     if run_status and run_status ~= 'running' then
       return {'ended', redis.call('HGET', KEYS[1], 'end_id') or ''}
     end
-    tail, presumed = {run_last}, true
+    if ARGV[8] == '1' then
+      -- The legacy scan: an unfenced writer's entries can only follow `last`. Reading
+      -- just those (none, nearly always) loads no event of the run's own.
+      tail = redis.call('XREVRANGE', KEYS[2], '+', '(' .. run_last, 'COUNT', 1)[1]
+    end
+    if not tail then tail, presumed = {run_last}, true end
   else
     tail = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
   end

@@ -1297,6 +1297,36 @@ async def test_redis_legacy_end_scan(
             items = await read_all(bridge, run_id)
             assert event_ids(items) == ids
             assert only_end(items).status == "success"
+            # and the run is over for its producer too, whatever follows that END
+            with pytest.raises(StreamEnded):
+                await bridge.publish(run_id, "token", {"late": 1}, producer_token=claim.token)
+
+
+async def test_redis_publish_with_the_legacy_scan_reads_what_follows_last(
+    make_bridge: BridgeFactory,
+    redis_only: None,
+    request: pytest.FixtureRequest,
+    key_prefix: str,
+) -> None:
+    """With the scan on, a publish sees what an unfenced writer appended after the run's
+    newest id: its entries (the next id follows them) and its END (refused)."""
+    async with make_bridge(legacy_end_scan_enabled=True) as bridge:
+        with anyio.fail_after(TIMEOUT):
+            run_id, claim, ids = await new_run(bridge, 2)
+            _meta, log = _raw_keys(key_prefix, run_id)
+            raw = await _raw_redis(request)
+            try:
+                legacy = (await raw.xadd(log, {"e": TOK, "d": b'{"legacy":1}'})).decode()
+                after = await bridge.publish(run_id, TOK, {"n": 3}, producer_token=claim.token)
+                assert key(after.ids[0]) > key(legacy)
+                await raw.xadd(log, {"end": "success"})
+            finally:
+                await raw.aclose()
+            with pytest.raises(StreamEnded):
+                await bridge.publish(run_id, TOK, {"n": 4}, producer_token=claim.token)
+            items = await read_all(bridge, run_id)
+    assert event_ids(items) == [*ids, legacy, after.ids[0]]
+    assert only_end(items).status == "success"
 
 
 async def test_redis_live_reader_stops_at_a_legacy_end_followed_by_entries(

@@ -179,9 +179,12 @@ async def _read_all(bridge: StreamBridge, run_id: str, after: str | None) -> lis
     return items
 
 
-async def test_the_record_answers_end_and_a_removed_log(fresh_redis: RedisServer) -> None:
+@pytest.mark.parametrize("legacy_scan", [False, True], ids=["scan-off", "scan-on"])
+async def test_the_record_answers_end_and_a_removed_log(
+    fresh_redis: RedisServer, legacy_scan: bool
+) -> None:
     with anyio.fail_after(50):
-        async with bridge_on(fresh_redis.url, legacy_scan=False) as bridge:
+        async with bridge_on(fresh_redis.url, legacy_scan=legacy_scan) as bridge:
             run_id = f"r-{uuid4().hex[:8]}"
             token = (await bridge.claim(run_id)).token
             first = await bridge.publish(run_id, "token", 1, producer_token=token)
@@ -197,3 +200,9 @@ async def test_the_record_answers_end_and_a_removed_log(fresh_redis: RedisServer
                 await bridge.publish(run_id, "token", 3, producer_token=token)
             items = await _read_all(bridge, run_id, second.ids[0])
             assert isinstance(items[-1], End) and items[-1].id == end.id
+            # the ended run's log gone (expired, evicted), its record kept: still ended
+            with fresh_redis.client() as raw:
+                (log,) = [k for k in raw.keys(f"*{{{run_id}}}:log")]
+                assert raw.delete(log) == 1
+            with pytest.raises(StreamEnded):
+                await bridge.publish(run_id, "token", 4, producer_token=token)
