@@ -74,6 +74,8 @@ PUSH_BYTES: Final = 64 * 1024
 # A log may exceed its limit by limit/this many events before it is trimmed (exactly):
 # most publishes then skip the trim's commands. Logs under this many events trim at once.
 TRIM_SLACK_DIVISOR: Final = 64
+# The run keys remembered (`_keys`): about 0.5 kB each; past this many, all are dropped.
+RUN_KEYS_KEPT: Final = 4096
 
 
 class RedisStreamBridge:
@@ -87,6 +89,7 @@ class RedisStreamBridge:
         self._settings = settings
         self._prefix = check_prefix(settings.redis_key_prefix)
         self._redis = commands
+        self._run_keys: dict[str, RunKeys] = {}
         self._ttl_ms = ceil_ms(settings.stream_ttl_seconds)  # the run keys' rolling TTL
         # Passes at the pool; the command timeout starts once the caller has its pass.
         # On one server, scripts keep connections between passes.
@@ -180,7 +183,14 @@ class RedisStreamBridge:
         self.notifier_reconnects += 1
 
     def _keys(self, run_id: str) -> RunKeys:
-        return run_keys(self._prefix, check_run_id(run_id))
+        # Remembered for the runs in use: a streamed turn's every append asked for them
+        # again (the id checked, four names built). Bounded, and a miss is only a rebuild.
+        keys = self._run_keys.get(run_id)
+        if keys is None:
+            if len(self._run_keys) >= RUN_KEYS_KEPT:
+                self._run_keys.clear()
+            keys = self._run_keys[run_id] = run_keys(self._prefix, check_run_id(run_id))
+        return keys
 
     async def _script(
         self,

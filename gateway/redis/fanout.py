@@ -97,6 +97,8 @@ class RunFeed:
         if keys and position == keys[-1]:
             # A live reader asking again once it has the newest entry: no search.
             entries: list[Entry] = []
+        elif len(keys) > 1 and position == keys[-2]:
+            entries = self.items[-1:]  # one behind: a live reader's usual step
         elif position == self._base_key:
             entries = self.items[:]
         else:

@@ -5,16 +5,20 @@ event is appended once, in its run's order."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
 
 from gateway.bridge.provider import open_bridge
-from gateway.errors import ProducerFenced
+from gateway.errors import BackendUnavailable, ProducerFenced
 from gateway.redis.bridge import RedisStreamBridge
 from gateway.settings import Settings
+from gateway.timing.deadlines import DEADLINE_RESOLUTION
 from tests.support.redis_servers import RedisServer
+from tests.support.stall import stalled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -133,3 +137,39 @@ async def test_a_lone_write_is_sent_by_its_caller(
             for n in range(10):
                 await bridge.publish("lone", "t", n, producer_token=token)
         assert group.alone - alone == group.batches - batches == 10
+
+
+async def test_a_stalled_batch_fails_its_callers_and_leaves_the_wire_at_its_deadline(
+    redis_server_factory: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """Redis stops answering with writes of many runs on the wire: each caller gets
+    BackendUnavailable within the command timeout, and the batches in flight are given
+    up then too (their flyers free for what comes next), not when Redis wakes."""
+    server = redis_server_factory("--enable-debug-command", "yes")
+    timeout, runs = 0.5, 8
+    settings = _settings(server, key_prefix, redis_command_timeout_seconds=timeout)
+    async with open_bridge(settings) as bridge:
+        assert isinstance(bridge, RedisStreamBridge)
+        tokens = [(await bridge.claim(f"s{i}", lease_seconds=60)).token for i in range(runs)]
+        await bridge.ensure_scripts()
+        group = bridge.calls.group
+        failed: list[float] = []
+
+        async def publish(index: int) -> None:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await bridge.publish(f"s{index}", "t", index, producer_token=tokens[index])
+            failed.append(time.monotonic() - started)
+
+        with stalled(server, 5.0):
+            batches = group.batches
+            with anyio.fail_after(3):
+                async with anyio.create_task_group() as tg:
+                    for index in range(runs):
+                        tg.start_soon(publish, index)
+            assert group.batches - batches >= 2  # one sent alone, the rest together
+            with anyio.fail_after(1):  # (Redis sleeps on: only the deadline frees it)
+                while group.on_wire:
+                    await anyio.sleep(DEADLINE_RESOLUTION)
+    assert len(failed) == runs
+    assert max(failed) < timeout + 1.0, failed

@@ -4,63 +4,22 @@ hanging: requests answer 503 and open streams end with an `unavailable` frame wi
 
 from __future__ import annotations
 
-import select
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import anyio
 import httpx
 import pytest
 
 from tests.support.http_server import ProducerClient, make_settings, serve
-from tests.support.redis_servers import HOST, RedisServer
+from tests.support.redis_servers import RedisServer
 from tests.support.sse_client import iter_frames
+from tests.support.stall import stalled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 STALL = 6.0  # seconds Redis sleeps
 TIMEOUT = 1.0  # redis_command_timeout_seconds
-
-
-def wait_until_stalled(probe: socket.socket) -> None:
-    """Until a PING on `probe` (connected beforehand) goes unanswered for 0.1 s: the
-    DEBUG SLEEP has reached the server. A bare socket, so no client retries stretch
-    the wait into the stall."""
-    deadline = time.monotonic() + STALL / 2
-    while time.monotonic() < deadline:
-        probe.sendall(b"PING\r\n")
-        if not select.select([probe], [], [], 0.1)[0]:
-            return
-        assert probe.recv(64).startswith(b"+PONG"), "unexpected reply to PING"
-    raise AssertionError("Redis never stalled")
-
-
-@contextmanager
-def stalled(server: RedisServer) -> Iterator[None]:
-    """Redis blocked in DEBUG SLEEP for STALL seconds (from a thread: it blocks)."""
-
-    sending = threading.Event()
-
-    def sleep() -> None:
-        with server.client(socket_timeout=STALL + 5) as raw:
-            raw.ping()  # connected: what follows goes straight out
-            sending.set()
-            raw.execute_command("DEBUG", "SLEEP", str(STALL))
-
-    with socket.create_connection((HOST, server.port), timeout=5) as probe:
-        thread = threading.Thread(target=sleep, daemon=True)
-        thread.start()
-        # A PING can miss its timeout on a loaded machine too: it counts only once the
-        # DEBUG SLEEP is on its way.
-        assert sending.wait(STALL / 2), "the DEBUG SLEEP was never sent"
-        wait_until_stalled(probe)
-    try:
-        yield
-    finally:
-        thread.join(STALL + 10)
 
 
 async def test_requests_and_streams_answer_within_the_command_timeout(
@@ -78,7 +37,7 @@ async def test_requests_and_streams_answer_within_the_command_timeout(
                 async for frame in stream:
                     if frame.id == ids[-1]:
                         break
-                with stalled(server):
+                with stalled(server, STALL):
                     started = time.monotonic()
                     status = (await client.get(f"/v1/runs/{producer.run_id}")).status_code
                     answered = time.monotonic() - started
@@ -115,7 +74,7 @@ async def test_session_routes_answer_within_the_command_timeout(
                 async for frame in stream:
                     if frame.event == "turn_end":
                         break
-                with stalled(server):
+                with stalled(server, STALL):
                     started = time.monotonic()
                     turns = await client.get("/v1/sessions/stalled/turns")
                     listed = await client.get("/v1/sessions")
