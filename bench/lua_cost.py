@@ -18,7 +18,9 @@ Two measures:
                   clock, so it moves with whatever else the machine runs
   --instructions  instructions redis-server executes per call (valgrind's callgrind,
                   zeroed before and dumped after each case): the same for the same code
-                  and input on any machine, the protocol's reading and writing included
+                  and input on any machine, the protocol's reading and writing included;
+                  with a lower bound beside them, `floor`: FLOOR_SCRIPT, the least an
+                  append fenced in Redis does (read the fence, XADD, notify)
 
 Run: .venv/bin/python bench/lua_cost.py [--calls N] [--rounds R] [--instructions] [--quick]
 (A/B: `PYTHONPATH=<checkout>` replays another commit's scripts.)
@@ -49,6 +51,18 @@ TOKEN = {"text": "word "}
 SEQ_AT = 5  # ARGV index (0-based) of the batch's number
 SCAN_AT = 7  # ARGV index of the legacy END scan switch
 PIPELINE = 200
+# The least any append that keeps the fence in Redis can do, for a lower bound (never
+# used by the gateway): read the fence, append, wake the readers. No lease clock, no
+# record write, no trimming or TTL, so below what the contract asks; same keys and
+# arguments as the real call, so the call itself costs the same.
+FLOOR_SCRIPT = """
+local fence = redis.call('HMGET', KEYS[1], 'token', 'status')
+if fence[1] ~= ARGV[1] then return {'fenced', 'token'} end
+if fence[2] and fence[2] ~= 'running' then return {'ended', ''} end
+local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[9], 'd', ARGV[10])
+redis.call('SPUBLISH', KEYS[2], id)
+return {'ok', 0, '', id}
+"""
 
 
 def _evalsha(line: str) -> list[str] | None:
@@ -127,6 +141,17 @@ class _Replay:
                 self._seq[keys[0]] = seq + 1
                 argv = [*argv[:SEQ_AT], str(seq), *argv[SEQ_AT + 1 :]]
             pipe.evalsha(sha, nkeys, *keys, *argv)
+            if i % PIPELINE == PIPELINE - 1 or i == calls - 1:
+                for reply in pipe.execute():
+                    assert reply[0] == b"ok", reply
+
+    def floor(self, call: list[str], calls: int) -> None:
+        """FLOOR_SCRIPT with the arguments of `call` (a plain case)."""
+        nkeys = int(call[1])
+        sha = self._r.script_load(FLOOR_SCRIPT)
+        pipe = self._r.pipeline(transaction=False)
+        for i in range(calls):
+            pipe.evalsha(sha, nkeys, *call[2:])
             if i % PIPELINE == PIPELINE - 1 or i == calls - 1:
                 for reply in pipe.execute():
                     assert reply[0] == b"ok", reply
@@ -230,6 +255,8 @@ def _run_instructions(calls: int) -> dict[str, list[float]]:
         figures: dict[str, list[float]] = {}
         for name, call in _cases(captured).items():
             figures[name] = [count(lambda call=call: replay.case(call, calls)) / calls]
+        plain = captured["plain"]
+        figures["floor (see FLOOR)"] = [count(lambda: replay.floor(plain, calls)) / calls]
         figures["peer XADD"] = [count(lambda: replay.peer(calls)) / calls]
     return figures
 
