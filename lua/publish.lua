@@ -105,8 +105,11 @@ if not retry then
       return {'ended', redis.call('HGET', KEYS[1], 'end_id') or ''}
     end
     if ARGV[8] == '1' then
-      -- The legacy scan: an unfenced writer's entries can only follow `last`. Reading
-      -- just those (none, nearly always) loads no event of the run's own.
+      -- The legacy scan: an unfenced writer's entries follow `last` (XADD * ids grow).
+      -- Reading just those (none, nearly always) loads no event of the run's own. (Not
+      -- seen: an END such a writer put in a log it recreated, after a removal, at or
+      -- below `last`, in the same millisecond or by a clock behind. Readers still stop
+      -- at it; only the producer's refusal is missed.)
       tail = redis.call('XREVRANGE', KEYS[2], '+', '(' .. run_last, 'COUNT', 1)[1]
     end
     if not tail then tail, presumed = {run_last}, true end

@@ -185,7 +185,7 @@ class RedisStreamBridge:
     def _keys(self, run_id: str) -> RunKeys:
         # Remembered for the runs in use: a streamed turn's every append asked for them
         # again (the id checked, four names built). Bounded, and a miss is only a rebuild.
-        keys = self._run_keys.get(run_id)
+        keys = self._run_keys.get(run_id) if type(run_id) is str else None
         if keys is None:
             if len(self._run_keys) >= RUN_KEYS_KEPT:
                 self._run_keys.clear()

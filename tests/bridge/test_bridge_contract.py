@@ -1309,22 +1309,27 @@ async def test_redis_publish_with_the_legacy_scan_reads_what_follows_last(
     key_prefix: str,
 ) -> None:
     """With the scan on, a publish sees what an unfenced writer appended after the run's
-    newest id: its entries (the next id follows them) and its END (refused)."""
+    newest id: its entries (the notification names the newest of them as the id the new
+    event follows, so a live reader misses none) and its END (refused)."""
     async with make_bridge(legacy_end_scan_enabled=True) as bridge:
         with anyio.fail_after(TIMEOUT):
             run_id, claim, ids = await new_run(bridge, 2)
             _meta, log = _raw_keys(key_prefix, run_id)
             raw = await _raw_redis(request)
             try:
-                legacy = (await raw.xadd(log, {"e": TOK, "d": b'{"legacy":1}'})).decode()
-                after = await bridge.publish(run_id, TOK, {"n": 3}, producer_token=claim.token)
-                assert key(after.ids[0]) > key(legacy)
+                async with subscription(bridge, run_id, heartbeat_interval=0.2) as it:
+                    assert event_ids([await next_item(it) for _ in ids]) == ids
+                    await wait_heartbeat(it)  # at the tail: following the notifications
+                    legacy = (await raw.xadd(log, {"e": TOK, "d": b'{"legacy":1}'})).decode()
+                    after = await bridge.publish(run_id, TOK, {"n": 3}, producer_token=claim.token)
+                    live = [await next_item(it) for _ in range(2)]
                 await raw.xadd(log, {"end": "success"})
             finally:
                 await raw.aclose()
             with pytest.raises(StreamEnded):
                 await bridge.publish(run_id, TOK, {"n": 4}, producer_token=claim.token)
             items = await read_all(bridge, run_id)
+    assert event_ids(live) == [legacy, after.ids[0]]
     assert event_ids(items) == [*ids, legacy, after.ids[0]]
     assert only_end(items).status == "success"
 

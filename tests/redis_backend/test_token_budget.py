@@ -201,6 +201,8 @@ async def test_the_record_answers_end_and_a_removed_log(
             items = await _read_all(bridge, run_id, second.ids[0])
             assert isinstance(items[-1], End) and items[-1].id == end.id
             # the ended run's log gone (expired, evicted), its record kept: still ended
+            # (a guard: the scripts before 7c8cfca refused this too, with another END id,
+            # which the bridge does not pass on)
             with fresh_redis.client() as raw:
                 (log,) = [k for k in raw.keys(f"*{{{run_id}}}:log")]
                 assert raw.delete(log) == 1
