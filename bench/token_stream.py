@@ -55,6 +55,13 @@ within `--grace` seconds after the window. Per point and server:
 Then, per server, the largest swept count at p99 <= 50 ms with >= 95 % delivered, and the
 first count where it stops keeping up (delivered < 95 %).
 
+`python-floor` (sweep only, named in `--servers`) is bench/python_floor.py: not a product,
+the least a CPython process does per token for the same socket work (the same claim, SSE
+follower and streamed append; per token one pipelined EVALSHA that reads the fence, XADDs
+and SPUBLISHes, then the ack and the follower's frame; raw asyncio on uvloop, httptools,
+hiredis), driven by the same load as `gateway-stream`, to tell what CPU per token is
+reachable in CPython at all.
+
 Run: .venv/bin/python bench/token_stream.py [--quick] [--rate 100] [--seconds 20]
      [--servers gateway,naive,resumable-stream] [--warmup 1] [--runs 1]
      .venv/bin/python bench/token_stream.py --sweep 10,100,400,1000 [--seconds 20]
@@ -73,6 +80,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +102,10 @@ from token_load import LoadReport, TokenLoad
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
-SERVERS = ("gateway", "gateway-stream", "naive", "resumable-stream")
+SERVERS = ("gateway", "gateway-stream", "naive", "resumable-stream", "python-floor")
+DEFAULT_SERVERS = SERVERS[:4]  # (python-floor: --sweep only, when named)
 NODE_DIR = ROOT / "bench" / "resumable_stream"
+FLOOR = ROOT / "bench" / "python_floor.py"
 
 
 def node_ready() -> str:
@@ -140,6 +150,12 @@ def resumable_stream_proc(
     return Proc(argv, port, cpus, log)
 
 
+def floor_proc(port: int, cpus: set[int] | None, log: Path, redis_url: str) -> Proc:
+    """bench/python_floor.py, started as the gateway is (`--port`, `--redis-url`)."""
+    argv = [sys.executable, str(FLOOR), "--port", str(port), "--redis-url", redis_url]
+    return Proc(argv, port, cpus, log)
+
+
 def unpinned_threads(proc: Proc, cpus: set[int]) -> list[int]:
     """Threads of the server whose CPU affinity is not `cpus`."""
     stray = []
@@ -152,8 +168,18 @@ def unpinned_threads(proc: Proc, cpus: set[int]) -> list[int]:
     return stray
 
 
+def command_counts(client: Any) -> Counter[str]:
+    """Calls so far per command (INFO commandstats), a script's own commands included."""
+    return Counter(
+        {
+            name.removeprefix("cmdstat_"): int(stats["calls"])
+            for name, stats in client.info("commandstats").items()
+        }
+    )
+
+
 def command_calls(client: Any) -> int:
-    return sum(int(stats["calls"]) for stats in client.info("commandstats").values())
+    return sum(command_counts(client).values())
 
 
 def measure(
@@ -329,7 +355,7 @@ def sweep_point(
     load_procs: int,
 ) -> dict[str, Any]:
     run_ids = [f"knee-{runs}-{i}-{time.monotonic_ns()}" for i in range(runs)]
-    kind = "stream" if name == "gateway-stream" else "post"
+    kind = "stream" if name in ("gateway-stream", "python-floor") else "post"
     load = TokenLoad(
         proc.port,
         kind,
@@ -347,25 +373,39 @@ def sweep_point(
         stop_at = w1 + grace
         load.go(t0, w0, w1, stop_at)
         time.sleep(max(0.0, w0 - time.time()))
-        cpu0, rcpu0, calls0, jiffies0 = (
+        cpu0, rcpu0, counts0, jiffies0 = (
             proc.cpu(),
             redis_cpu(redis),
-            command_calls(redis),
+            command_counts(redis),
             cpu_jiffies(),
         )
         time.sleep(max(0.0, w1 - time.time()))
-        cpu, rcpu, calls, jiffies = (
+        cpu, rcpu, counts, jiffies = (
             proc.cpu() - cpu0,
             redis_cpu(redis) - rcpu0,
-            command_calls(redis) - calls0,
+            command_counts(redis) - counts0,
             cpu_jiffies(),
         )
         report = load.wait(stop_at - time.time() + 120)
     finally:
         load.kill()
-    return knee_row(
-        name, runs, followers, rate, seconds, grace, cpu, rcpu, calls, jiffies0, jiffies, report
+    row = knee_row(
+        name,
+        runs,
+        followers,
+        rate,
+        seconds,
+        grace,
+        cpu,
+        rcpu,
+        counts.total(),
+        jiffies0,
+        jiffies,
+        report,
     )
+    sent = max(1, report.sent)
+    row["commands"] = {command: n / sent for command, n in counts.most_common()}
+    return row
 
 
 def knee_row(
@@ -463,6 +503,9 @@ def print_knee_row(row: dict[str, Any]) -> None:
         f"{100 * row['cpu1_busy']:>5.0f}%  {'; '.join(notes)}",
         flush=True,
     )
+    if row.get("commands"):  # which commands a token costs, a script's own counted
+        each = ", ".join(f"{name} {n:.2f}" for name, n in row["commands"].items() if n >= 0.01)
+        print(f"{'':>6}commands per token: {each}", flush=True)
 
 
 def knee_summary(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
@@ -492,7 +535,7 @@ def knee_summary(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
     if "gateway-stream" in servers and "resumable-stream" in servers:
         for runs in sorted({r["runs"] for r in rows}):
             pair = {r["server"]: r for r in rows if r["runs"] == runs}
-            if len(pair) < 2:
+            if not {"gateway-stream", "resumable-stream"} <= pair.keys():
                 continue
             gw, rs = pair["gateway-stream"], pair["resumable-stream"]
             caveat = "" if gw["load_ok"] and rs["load_ok"] else " (a LOAD point: not the servers')"
@@ -514,8 +557,8 @@ def ratio(a: float, b: float) -> str:
 
 
 def run_sweep(args: argparse.Namespace, seconds: float, servers: list[str]) -> None:
-    if set(servers) - set(SWEEP_SERVERS):
-        sys.exit(f"--sweep measures {', '.join(SWEEP_SERVERS)} only")
+    if set(servers) - {*SWEEP_SERVERS, "python-floor"}:
+        sys.exit(f"--sweep measures {', '.join(SWEEP_SERVERS)} (and python-floor) only")
     points = [int(p) for p in args.sweep.split(",")]
     followers = int(args.followers) if given("--followers") else 1
     rate = args.rate if given("--rate") else 50.0
@@ -551,6 +594,8 @@ def run_sweep(args: argparse.Namespace, seconds: float, servers: list[str]) -> N
                         "--max-append-streams-per-key",
                         str(max(256, 2 * runs)),
                     )
+                elif name == "python-floor":
+                    proc = floor_proc(port, SERVER_CPU, log, server.url)
                 else:
                     proc = resumable_stream_proc(node, port, SERVER_CPU, log, server.url)
                 with proc:
@@ -606,7 +651,9 @@ def main() -> None:
         help="seconds of the same load on each fresh server before it is measured",
     )
     parser.add_argument(
-        "--servers", default=",".join(SERVERS), help=f"comma list of: {', '.join(SERVERS)}"
+        "--servers",
+        default=",".join(DEFAULT_SERVERS),
+        help=f"comma list of: {', '.join(SERVERS)} (python-floor: --sweep only)",
     )
     parser.add_argument(
         "--sweep", default="", help="comma list of concurrent run counts: find the knee"
@@ -623,10 +670,12 @@ def main() -> None:
         parser.error(f"--servers: unknown {sorted(chosen - set(SERVERS))}; pick from {SERVERS}")
     servers = [name for name in SERVERS if name in chosen]
     if args.sweep:
-        if args.servers == ",".join(SERVERS):
+        if args.servers == ",".join(DEFAULT_SERVERS):
             servers = list(SWEEP_SERVERS)
         run_sweep(args, seconds, servers)
         return
+    if "python-floor" in chosen:
+        parser.error("--servers: python-floor is measured with --sweep only")
     node = node_ready() if "resumable-stream" in chosen else ""
     pin(0, LOAD_CPU)
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
