@@ -64,9 +64,6 @@
 --! include entry_id
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
--- What follows is one call's own work: the loader can run several calls of this script
--- in one (scripts.py `together_source`, what group commit sends), sharing the above.
---! each call
 
 -- The batch's number; nil when unnumbered.
 local batch_seq = tonumber(ARGV[6])

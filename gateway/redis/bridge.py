@@ -61,7 +61,7 @@ from .notifier import Notifier
 from .pool import PoolGate
 from .reads import Reads
 from .replies import as_text, ceil_ms
-from .scripts import ensure_loaded, lua_source, together_source
+from .scripts import ensure_loaded, lua_source
 from .session_hints import SessionHints
 from .session_keys import turn_key
 from .view import FirstRead, RunView
@@ -112,9 +112,6 @@ class RedisStreamBridge:
                 "cleanup_later",
             )
         }
-        # (named with the rest, so that readiness loads it too)
-        self._scripts["publish_together"] = commands.register_script(together_source("publish"))
-        self._calls.send_together(self._scripts["publish"], self._scripts["publish_together"])
         self._reads = Reads(self._calls, commands, commands.register_script(lua_source("read")))
         self._hints = SessionHints(settings, self._calls, commands, self._prefix)
         # A plain counter for the HTTP layer's metrics (the bridge imports no metrics code).

@@ -93,12 +93,7 @@ class Calls:
         self._timeout = settings.redis_command_timeout_seconds
         # Scripts of concurrent calls, sent together (group.py); it runs once given the
         # bridge's task group (`GroupCommit.start_in`).
-        self._together: dict[str, AsyncScript] = {}  # (send_together)
-        send = (
-            on_one_server(gate, self._together)
-            if gate.keeps_connections
-            else on_a_cluster(gate, client)
-        )
+        send = on_one_server(gate) if gate.keeps_connections else on_a_cluster(gate, client)
         self.group = GroupCommit(send, self._timeout)
         self._deadlines = CallDeadlines(self._timeout)
         self.replica_ack_failures = 0  # writes refused: too few replicas confirmed them
@@ -114,13 +109,6 @@ class Calls:
             prefix = check_prefix(settings.redis_key_prefix)
             mark = pack("PUBLISH", f"{prefix}replicated", "")
             self._wait = mark + pack("WAIT", settings.min_replicas_acked, self._wait_ms)
-
-    def send_together(self, script: AsyncScript, combined: AsyncScript) -> None:
-        """Calls of `script` that meet in one group-commit batch go to Redis as one call
-        of `combined`, the script that runs many of them (scripts.py `together_source`).
-        On one server only: a cluster's calls are routed one by one (their runs' keys lie
-        in different slots)."""
-        self._together[script.sha] = combined
 
     @property
     def keeps_connections(self) -> bool:

@@ -6,8 +6,7 @@ Appends of many runs (a hundred chats streaming at once) each used to take a pas
 round trip of their own: a `send` and a `recv` in the gateway and in Redis per token.
 Here scripts queue, and at most `MAX_FLIGHTS` flyer tasks (in the bridge's task group,
 started as load needs them) each take the whole queue as one batch, send it in one
-write and read its replies; what arrives meanwhile leaves with the next flight (on one
-server a batch's appends go as one call of a script that runs them in turn, `_units`). A
+write and read its replies; what arrives meanwhile leaves with the next flight. A
 script that finds nothing on the wire is sent at once by its caller, as before grouping
 (no hand-off: a lone chat pays nothing for it).
 
@@ -27,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from anyio.abc import TaskGroup
@@ -101,16 +100,14 @@ def _unloaded(replies: list[Any]) -> list[int]:
     return [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
 
 
-def on_one_server(gate: PoolGate, together: Mapping[str, AsyncScript]) -> Send:
-    """A batch in one write on a connection the gate keeps; the calls of a script that
-    `together` maps (by its sha) to a script running many of them (scripts.py
-    `together_source`) go as one call of that, when the batch holds several."""
+def on_one_server(gate: PoolGate) -> Send:
+    """A batch in one write on a connection the gate keeps."""
 
     async def send(batch: list[_Script]) -> list[Any]:
         async with gate.connection() as held:
             if len(batch) == 1:  # the lone write's path: as plain as before grouping
                 return [await _one(held, batch[0])]
-            return await _on_connection(held, batch, together)
+            return await _on_connection(held, batch)
 
     return send
 
@@ -126,90 +123,24 @@ async def _one(held: Held, call: _Script) -> Any:
         return exc  # (the caller's own refusal, raised to it alone)
 
 
-class _Together:
-    """Several calls of one script as one call of the script that runs them all
-    (scripts.py `together_source`): its reply lists theirs, in order."""
-
-    __slots__ = ("calls", "script")
-
-    def __init__(self, script: AsyncScript, calls: list[_Script]) -> None:
-        self.script = script
-        self.calls = calls
-
-    def command(self, server: str) -> tuple[bytes | str | int, ...]:
-        counts: list[int] = []
-        keys: list[str] = []
-        args: list[bytes | str | int] = []
-        for call in self.calls:
-            one = call.command(server)  # ("EVALSHA", sha, key count, *keys, *args)
-            counts += (len(call.keys), len(one) - 3 - len(call.keys))
-            keys += call.keys
-            args += one[3 + len(call.keys) :]
-        return (
-            "EVALSHA", self.script.sha, len(keys), *keys, len(self.calls), *counts, *args
-        )  # fmt: skip
-
-
-# Calls of one script run in one call, at most: a bound on how long one script holds
-# Redis (each call's own work is bounded: PROTOCOL 3.1's batch limits).
-TOGETHER_MAX: Final = 64
-
-_Unit = _Script | _Together
-
-
-def _units(batch: list[_Script], together: Mapping[str, AsyncScript]) -> list[_Unit]:
-    """The batch as it goes on the wire: each script that `together` maps and that
-    the batch calls more than once, as calls of its combined script, the rest as they
-    are. (Calls in one batch are concurrent, none waits on another: their order
-    between them is free, as if they had arrived in another order.)"""
-    grouped: dict[str, list[_Script]] = {}
-    for call in batch:
-        if call.script.sha in together:
-            grouped.setdefault(call.script.sha, []).append(call)
-    if all(len(calls) == 1 for calls in grouped.values()):
-        return list(batch)  # (nothing to combine: as it came)
-    units: list[_Unit] = [call for call in batch if len(grouped.get(call.script.sha, ())) < 2]
-    for sha, calls in grouped.items():
-        if len(calls) > 1:
-            for at in range(0, len(calls), TOGETHER_MAX):
-                units.append(_Together(together[sha], calls[at : at + TOGETHER_MAX]))
-    return units
-
-
-async def _on_connection(
-    held: Held, batch: list[_Script], together: Mapping[str, AsyncScript]
-) -> list[Any]:
-    """Send the batch in one write (as `_units`); each call's reply, in batch order."""
-    units = _units(batch, together)
+async def _on_connection(held: Held, batch: list[_Script]) -> list[Any]:
     server = ""
     if any(call.server_at is not None for call in batch):
         server = await held.server()
 
-    def packed(sent: list[_Unit]) -> list[bytes]:
-        return [pack(*unit.command(server)) for unit in sent]
+    def packed(calls: list[_Script]) -> list[bytes]:
+        return [pack(*call.command(server)) for call in calls]
 
-    replies = await held.execute_each(packed(units), len(units))
+    replies = await held.execute_each(packed(batch), len(batch))
     unloaded = _unloaded(replies)
     if unloaded:  # not run: Redis was flushed or restarted
-        again = [units[i] for i in unloaded]
-        for script in {unit.script.sha: unit.script for unit in again}.values():
+        again = [batch[i] for i in unloaded]
+        for script in {call.script.sha: call.script for call in again}.values():
             await held.execute(pack("SCRIPT", "LOAD", script.script))
         retried = await held.execute_each(packed(again), len(again))
         for i, reply in zip(unloaded, retried, strict=True):
             replies[i] = reply
-    if len(units) == len(batch):  # (nothing combined: the units are the batch)
-        return replies
-    by_call: dict[int, Any] = {}
-    for unit, reply in zip(units, replies, strict=True):
-        if isinstance(unit, _Script):
-            by_call[id(unit)] = reply
-        elif isinstance(reply, list):
-            for call, own in zip(unit.calls, reply, strict=True):
-                by_call[id(call)] = own
-        else:  # refused whole, before any call it holds ran (each runs under pcall)
-            for call in unit.calls:
-                by_call[id(call)] = reply
-    return [by_call[id(call)] for call in batch]
+    return replies
 
 
 def on_a_cluster(gate: PoolGate, client: RedisClient) -> Send:

@@ -27,7 +27,6 @@ def _lua_dir() -> Path:
 
 
 _INCLUDE = "--! include "
-_EACH_CALL = "--! each call"
 _CONST = "--! const "
 _READ = "--! read "
 _MORE = "--!+ "
@@ -68,43 +67,6 @@ def lua_source(name: str) -> str:
     return expand((_lua_dir() / f"{name}.lua").read_text(encoding="utf-8"), f"lua/{name}.lua")
 
 
-@cache
-def together_source(name: str) -> str:
-    """A script that runs several calls of `lua/<name>.lua` in one call (group commit
-    sends it: `Calls.send_together`): what precedes the file's line `--! each call` runs
-    once (its includes, its clock), what follows runs once per call, as a function of
-    that call's own KEYS and ARGV, under `pcall`, so that one call's error is its reply
-    alone, as when it runs by itself. Its ARGV: the number of calls N, then each call's
-    key count and argument count (2N numbers), then every call's arguments in order;
-    its KEYS: every call's keys in order. It returns each call's reply, in order (an
-    error as an error reply in its place). One script call instead of N saves Redis the
-    N - 1 calls' dispatch (the script's lookup, its setup, its arguments' conversion)
-    and the prologue's commands (`TIME`)."""
-    text = lua_source(name)
-    prologue, marker, body = text.partition(_EACH_CALL + "\n")
-    if not marker:
-        raise ValueError(f"lua/{name}.lua has no line {_EACH_CALL!r}")
-    return (
-        f"{prologue}local function one_call(KEYS, ARGV)\n{body}end\n"
-        "local calls = tonumber(ARGV[1])\n"
-        "local replies = {}\n"
-        "local k, a = 0, 1 + 2 * calls\n"
-        "for i = 1, calls do\n"
-        "  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])\n"
-        "  local keys, args = {}, {}\n"
-        "  for j = 1, nk do keys[j] = KEYS[k + j] end\n"
-        "  for j = 1, na do args[j] = ARGV[a + j] end\n"
-        "  k, a = k + nk, a + na\n"
-        "  local ok, reply = pcall(one_call, keys, args)\n"
-        "  if not ok then\n"
-        "    reply = {err = type(reply) == 'table' and reply.err or tostring(reply)}\n"
-        "  end\n"
-        "  replies[i] = reply\n"
-        "end\n"
-        "return replies\n"
-    )
-
-
 def expand(text: str, name: str = "<text>") -> str:
     """`text` with its `--!` lines expanded as `lua_source` does."""
     lines: list[str] = []
@@ -119,8 +81,6 @@ def expand(text: str, name: str = "<text>") -> str:
 
 
 def _expand(line: str) -> str:
-    if line.startswith(_EACH_CALL):
-        return line  # (kept: `together_source` splits there; a comment to Lua)
     if line.startswith(_INCLUDE):
         return lua_source(line[len(_INCLUDE) :].strip())
     if line.lstrip().startswith(_READ):

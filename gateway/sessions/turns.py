@@ -81,7 +81,13 @@ UI_CHUNK_EVENT: Final = "ui"
 # event reads: folding them later gives the record they would have given at once, so
 # the Redis record folds them from the log, not per token (lua/turn_fold.lua).
 TEXT_EVENTS: Final = frozenset({UI_CHUNK_EVENT}) | TEXT_APPEND_EVENTS | TEXT_SET_EVENTS
-TURN_EVENTS: Final = TEXT_EVENTS | STATE_EVENTS | ARTIFACT_EVENTS | STATUS_EVENTS | HISTORY_EVENTS
+TURN_EVENTS: Final = (
+    TEXT_EVENTS
+    | STATE_EVENTS
+    | ARTIFACT_EVENTS
+    | STATUS_EVENTS
+    | HISTORY_EVENTS
+)
 
 _STATUS_STATE_MAP: Final = {
     "input-required": "input-required",

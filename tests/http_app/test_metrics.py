@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from gateway.http.app import drain
-from gateway.redis.scripts import lua_source, together_source
+from gateway.redis.scripts import lua_source
 from tests.support import http_server
 from tests.support.http_server import ProducerClient, RunningServer, make_settings, serve
 from tests.support.redis_servers import RedisServer
@@ -315,7 +315,6 @@ def _sha(name: str) -> str:
 
 async def test_readyz_reloads_flushed_scripts(redis_url: str, key_prefix: str) -> None:
     shas = [_sha(name) for name in BRIDGE_SCRIPTS + SESSION_SCRIPTS + SESSION_STEPS]
-    shas.append(hashlib.sha1(together_source("publish").encode()).hexdigest())
     admin: Any = Redis.from_url(redis_url)
     try:
         with serve(make_settings("redis", redis_url, key_prefix), "redis") as srv:
