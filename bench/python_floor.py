@@ -62,6 +62,7 @@ class Redis(asyncio.Protocol):
         self.out: list[bytes] = []
         self.push = push
         self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()  # (made on the loop; not looked up per token)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -78,7 +79,7 @@ class Redis(asyncio.Protocol):
         if done is not None:  # (None: a pub/sub command, whose replies go to `push`)
             self.waiting.append(done)
         if not self.out:
-            asyncio.get_running_loop().call_soon(self.flush)
+            self.loop.call_soon(self.flush)
         self.out.append(hiredis.pack_command(args))
 
     def flush(self) -> None:
@@ -167,7 +168,7 @@ class Http(asyncio.Protocol):
         parts = self.url.split(b"/")  # b"", b"v1", b"runs", run_id, b"stream" | b"events"
         if len(parts) != 5 or parts[:3] != [b"", b"v1", b"runs"]:
             return
-        tag = b"gw:{%s}" % parts[3]  # the gateway's key names (gateway/redis/keys.py)
+        tag = b"floor:{%s}" % parts[3]  # its own keys, a run's in one slot as the gateway's
         if method == b"GET" and parts[4] == b"stream":
             self.channel = tag + b":log"
             self.app.follow(self.channel, transport)
@@ -242,7 +243,7 @@ class Http(asyncio.Protocol):
                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
                 )
 
-            meta = b"gw:{%s}:meta" % run_id
+            meta = b"floor:{%s}:meta" % run_id
             self.app.cmd.call(claimed, b"HSET", meta, b"token", token, b"status", b"running")
         elif not self.channel:
             transport.write(NOT_FOUND)

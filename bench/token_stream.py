@@ -102,8 +102,9 @@ from token_load import LoadReport, TokenLoad
 
 SERVER_CPU = {0}
 LOAD_CPU = {1}
-SERVERS = ("gateway", "gateway-stream", "naive", "resumable-stream", "python-floor")
-DEFAULT_SERVERS = SERVERS[:4]  # (python-floor: --sweep only, when named)
+DEFAULT_SERVERS = ("gateway", "gateway-stream", "naive", "resumable-stream")
+FLOOR_SERVER = "python-floor"  # --sweep only, and only when named
+SERVERS = (*DEFAULT_SERVERS, FLOOR_SERVER)
 NODE_DIR = ROOT / "bench" / "resumable_stream"
 FLOOR = ROOT / "bench" / "python_floor.py"
 
@@ -355,7 +356,7 @@ def sweep_point(
     load_procs: int,
 ) -> dict[str, Any]:
     run_ids = [f"knee-{runs}-{i}-{time.monotonic_ns()}" for i in range(runs)]
-    kind = "stream" if name in ("gateway-stream", "python-floor") else "post"
+    kind = "stream" if name in ("gateway-stream", FLOOR_SERVER) else "post"
     load = TokenLoad(
         proc.port,
         kind,
@@ -389,23 +390,9 @@ def sweep_point(
         report = load.wait(stop_at - time.time() + 120)
     finally:
         load.kill()
-    row = knee_row(
-        name,
-        runs,
-        followers,
-        rate,
-        seconds,
-        grace,
-        cpu,
-        rcpu,
-        counts.total(),
-        jiffies0,
-        jiffies,
-        report,
+    return knee_row(
+        name, runs, followers, rate, seconds, grace, cpu, rcpu, counts, jiffies0, jiffies, report
     )
-    sent = max(1, report.sent)
-    row["commands"] = {command: n / sent for command, n in counts.most_common()}
-    return row
 
 
 def knee_row(
@@ -417,7 +404,7 @@ def knee_row(
     grace: float,
     cpu: float,
     rcpu: float,
-    calls: int,
+    counts: Counter[str],
     jiffies0: dict[str, tuple[int, int]],
     jiffies: dict[str, tuple[int, int]],
     report: LoadReport,
@@ -453,7 +440,8 @@ def knee_row(
         "server_us_per_token": cpu / sent * 1e6,
         "server_us_per_delivered": cpu / max(1, len(lat)) * 1e6,
         "redis_us_per_token": rcpu / sent * 1e6,
-        "redis_commands_per_token": calls / sent,
+        "redis_commands_per_token": counts.total() / sent,
+        "commands": {command: n / sent for command, n in counts.most_common()},
         "p50_ms": pct(50),
         "p99_ms": pct(99),
         "load_late_p99_ms": late_p99,
@@ -503,7 +491,7 @@ def print_knee_row(row: dict[str, Any]) -> None:
         f"{100 * row['cpu1_busy']:>5.0f}%  {'; '.join(notes)}",
         flush=True,
     )
-    if row.get("commands"):  # which commands a token costs, a script's own counted
+    if row["commands"]:  # which commands a token costs, a script's own counted
         each = ", ".join(f"{name} {n:.2f}" for name, n in row["commands"].items() if n >= 0.01)
         print(f"{'':>6}commands per token: {each}", flush=True)
 
@@ -557,8 +545,8 @@ def ratio(a: float, b: float) -> str:
 
 
 def run_sweep(args: argparse.Namespace, seconds: float, servers: list[str]) -> None:
-    if set(servers) - {*SWEEP_SERVERS, "python-floor"}:
-        sys.exit(f"--sweep measures {', '.join(SWEEP_SERVERS)} (and python-floor) only")
+    if set(servers) - {*SWEEP_SERVERS, FLOOR_SERVER}:
+        sys.exit(f"--sweep measures {', '.join(SWEEP_SERVERS)} (and {FLOOR_SERVER}) only")
     points = [int(p) for p in args.sweep.split(",")]
     followers = int(args.followers) if given("--followers") else 1
     rate = args.rate if given("--rate") else 50.0
@@ -594,7 +582,7 @@ def run_sweep(args: argparse.Namespace, seconds: float, servers: list[str]) -> N
                         "--max-append-streams-per-key",
                         str(max(256, 2 * runs)),
                     )
-                elif name == "python-floor":
+                elif name == FLOOR_SERVER:
                     proc = floor_proc(port, SERVER_CPU, log, server.url)
                 else:
                     proc = resumable_stream_proc(node, port, SERVER_CPU, log, server.url)
@@ -653,7 +641,7 @@ def main() -> None:
     parser.add_argument(
         "--servers",
         default=",".join(DEFAULT_SERVERS),
-        help=f"comma list of: {', '.join(SERVERS)} (python-floor: --sweep only)",
+        help=f"comma list of: {', '.join(SERVERS)} ({FLOOR_SERVER}: --sweep only)",
     )
     parser.add_argument(
         "--sweep", default="", help="comma list of concurrent run counts: find the knee"
@@ -674,8 +662,8 @@ def main() -> None:
             servers = list(SWEEP_SERVERS)
         run_sweep(args, seconds, servers)
         return
-    if "python-floor" in chosen:
-        parser.error("--servers: python-floor is measured with --sweep only")
+    if FLOOR_SERVER in chosen:
+        parser.error(f"--servers: {FLOOR_SERVER} is measured with --sweep only")
     node = node_ready() if "resumable-stream" in chosen else ""
     pin(0, LOAD_CPU)
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
